@@ -9,7 +9,7 @@ Retrieval", 1983, ch. 4).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -33,23 +33,12 @@ if TYPE_CHECKING:
     from qmdbridge.qmd.parse import IndexCounts
     from qmdbridge.qmd.warm import WarmChild
 
-__all__ = ["RELAX_MIN_LEFT_MS", "all_found", "relax"]
+__all__ = ["RELAX_MIN_LEFT_MS", "relax"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
 # The relaxed pass is skipped when less than this is left of the search deadline, ms.
 RELAX_MIN_LEFT_MS = 500
-
-
-def all_found(found: list[tuple[QmdEntry, str | None]], colls: Sequence[ManagedCollection],
-              counts: Mapping[str, int] | None) -> set[str]:
-    """The collections of ``colls`` whose every document (``counts``) the AND call found already
-    (distinct ``parse.merge_key`` hits); none without ``counts``."""
-    keys: dict[str | None, set[str]] = {}
-    for entry, coll in found:
-        keys.setdefault(coll, set()).add(merge_key(entry, coll))
-    return {c.name for c in colls if counts is not None and c.name in counts
-            and len(keys.get(c.name, ())) >= counts[c.name]}
 
 
 async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
@@ -59,18 +48,20 @@ async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
     """The relaxed pass: ``found`` first, then the documents each :func:`relaxed_terms` term other
     than ``sent`` finds alone, best qmd score first, one per document, at most ``keep``. Nothing
     is searched when ``found`` fills ``plan.limit``, less than :data:`RELAX_MIN_LEFT_MS` is left,
-    or every collection is :func:`all_found` (by qmd's index ``counts``); a failed relaxed call
-    is logged and left out.
+    or ``found`` holds every document of each collection (qmd's index ``counts``); a failed
+    relaxed call is logged and left out.
 
     Returns:
         ``(entry, collection)`` pairs, best first.
     """
-
     picked = [t for t in relaxed_terms(terms) if t != sent]
     if len(found) >= plan.limit or not picked or plan.remaining_ms() < RELAX_MIN_LEFT_MS:
         return found
-    done = all_found(found, colls, (await counts.read())[0])
-    colls = [c for c in colls if c.name not in done]
+    keys: dict[str | None, set[str]] = {}
+    for entry, coll in found:
+        keys.setdefault(coll, set()).add(merge_key(entry, coll))
+    known = (await counts.read())[0]
+    colls = [c for c in colls if c.name not in known or len(keys.get(c.name, ())) < known[c.name]]
     if not colls:
         return found
     answers: list[list[tuple[QmdEntry, str | None]]] = [[] for _ in picked]

@@ -18,8 +18,8 @@ from fallback.sources.read_page import LEGACY_SHADOWED, auxiliary_refusal, open_
 from fallback.text.chunking import file_lines as file_lines_of
 from qmdbridge.qmd.collections import ManagedCollection
 
-__all__ = ["RACY_NS", "Listings", "clamp_range", "file_lines", "hit_lines", "read_in_root",
-           "read_qmd_path", "resolve_hit_file", "slugify_path"]
+__all__ = ["RACY_NS", "Listings", "clamp_range", "hit_lines", "read_qmd_path", "resolve_hit_file",
+           "slugify_path"]
 
 # Most files a normalised path may stand for before the lookup gives up (folders x names).
 _MAX_CANDIDATES = 64
@@ -114,8 +114,9 @@ def resolve_hit_file(coll: ManagedCollection, rel: str, snippet: str, start: int
     if candidates == [rel]:
         return rel, None
     needle = _needle(snippet)
-    fits = [c for c in candidates if (lines := file_lines(coll, c, workspace=workspace)) is not None
-            and (not needle or needle in "\n".join(lines[max(0, start - 1):max(start, end)]))]
+    fits = [c for c in candidates
+            if (read := hit_lines(coll, c, workspace=workspace, max_bytes=sys.maxsize)) is not None
+            and (not needle or needle in "\n".join((read[1] or [])[max(0, start - 1):max(start, end)]))]
     if len(fits) == 1:
         return fits[0], None
     if len(fits) > 1:
@@ -123,12 +124,6 @@ def resolve_hit_file(coll: ManagedCollection, rel: str, snippet: str, start: int
                       f"than 2.6) matches {len(fits)} files ({', '.join(fits)}); run `qmdbridge "
                       "qmd update` so qmd stores the real paths")
     return None, None
-
-
-def file_lines(coll: ManagedCollection, rel: str, *, workspace: Path) -> list[str] | None:
-    """The lines of a collection's file as ``memory_get`` numbers them (:func:`hit_lines`)."""
-    read = hit_lines(coll, rel, workspace=workspace, max_bytes=sys.maxsize)
-    return None if read is None else read[1]
 
 
 def clamp_range(start: int, end: int, total: int) -> tuple[int, int] | None:
@@ -165,38 +160,20 @@ def hit_lines(coll: ManagedCollection, rel: str, *, workspace: Path,
         return total + (last not in (b"", b"\n", b"\r")), None
 
 
-def read_in_root(coll: ManagedCollection, inner: str, shown: str, from_line: int | None,
-                 lines: int | None, *, workspace: Path, from_char: int | None = None) -> MemoryReadResult:
-    """Read one page of collection ``coll``'s file ``inner`` (``/``-separated) through the builtin
-    engine's safe reader with the collection's pattern as the rule; ``shown`` names it in results
-    and errors, ``from_line``/``lines``/``from_char`` page as ``read_page.page_text``.
+def read_qmd_path(collections: Mapping[str, ManagedCollection], rel: str, from_line: int | None,
+                  lines: int | None, *, workspace: Path, from_char: int | None = None) -> MemoryReadResult:
+    """Read one page of ``qmd/<collection>/<rest>`` through the builtin engine's safe reader, inside
+    that collection with its pattern as the rule; ``from_line``/``lines``/``from_char`` page as
+    ``read_page.page_text``.
 
     Returns:
         The page; ``missing=True`` with empty text when the file does not exist.
 
     Raises:
-        PathRefusedError: a file the collection does not index (a shadowed legacy root file, the
-            workspace's ``DREAMS.md``), parent segments, symlinks, non-regular files.
+        PathRefusedError: ``invalid qmd path``, ``unknown qmd collection: <c>``, a file the
+            collection does not index (a shadowed legacy root file, the workspace's
+            ``DREAMS.md``), parent segments, symlinks, non-regular files.
         BackendUnavailableError: the file exists but cannot be read.
-    """
-    rel = "/".join(p for p in inner.split("/") if p not in ("", "."))
-    if coll.is_root_file and coll.rule_root().admits(rel) and not coll.admits(rel):
-        raise PathRefusedError(shown, LEGACY_SHADOWED)
-    refused = None if coll.is_root_file else auxiliary_refusal(workspace, coll.path / rel)
-    if refused is not None:
-        raise PathRefusedError(shown, refused)
-    return read_page_in_root(coll.rule_root(), inner, shown=shown,
-                             follow_base=_follow_base(coll, workspace), from_line=from_line,
-                             lines=lines, backend="qmd", from_char=from_char)
-
-
-def read_qmd_path(collections: Mapping[str, ManagedCollection], rel: str, from_line: int | None,
-                  lines: int | None, *, workspace: Path, from_char: int | None = None) -> MemoryReadResult:
-    """Read ``qmd/<collection>/<rest>`` inside that collection (:func:`read_in_root`).
-
-    Raises:
-        PathRefusedError: ``invalid qmd path``, ``unknown qmd collection: <c>``, or a refusal
-            of :func:`read_in_root`. BackendUnavailableError: as there.
     """
     parts = rel.split("/", 2)
     if len(parts) < 3 or not parts[1] or not parts[2]:
@@ -204,4 +181,12 @@ def read_qmd_path(collections: Mapping[str, ManagedCollection], rel: str, from_l
     coll = collections.get(parts[1])
     if coll is None:
         raise PathRefusedError(rel, f"unknown qmd collection: {parts[1]}")
-    return read_in_root(coll, parts[2], rel, from_line, lines, workspace=workspace, from_char=from_char)
+    inner = "/".join(p for p in parts[2].split("/") if p not in ("", "."))
+    if coll.is_root_file and coll.rule_root().admits(inner) and not coll.admits(inner):
+        raise PathRefusedError(rel, LEGACY_SHADOWED)
+    refused = None if coll.is_root_file else auxiliary_refusal(workspace, coll.path / inner)
+    if refused is not None:
+        raise PathRefusedError(rel, refused)
+    return read_page_in_root(coll.rule_root(), parts[2], shown=rel,
+                             follow_base=_follow_base(coll, workspace), from_line=from_line,
+                             lines=lines, backend="qmd", from_char=from_char)

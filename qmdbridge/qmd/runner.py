@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 import anyio
 from anyio.abc import Process
 
-from fallback.errors import BackendTimeoutError, UsageError
+from fallback.errors import BackendTimeoutError
 from qmdbridge.command_line import batch_command, is_batch_script
 from qmdbridge.qmd.errors import QmdCommandError
 from qmdbridge.qmd.streams import DEFAULT_MAX_CHARS, QmdProcess, split_status
@@ -56,7 +56,6 @@ _CRASH_MARKERS = ("ggml-metal", "node-llama-cpp", "llama.cpp", "abort trap", "as
                   "core dumped")
 # qmd's exit status for an ordinary error (a message on stderr): never read as a crash.
 _ERROR_EXIT_CODE = 1
-_VECTOR_MODULE_MISSING = "no such module: vec0"
 
 
 def summarize(argv: Sequence[str]) -> str:
@@ -228,13 +227,12 @@ _PDEATHSIG_EXEC = ("import ctypes,os,signal,sys\n"
                    "os.execvp(sys.argv[2],sys.argv[2:])\n")
 
 
-def parent_death_argv(argv: list[str], *, parent_pid: int | None = None) -> list[str]:
+def parent_death_argv(argv: list[str]) -> list[str]:
     """``argv`` behind an exec wrapper that sets ``PR_SET_PDEATHSIG`` = SIGKILL on Linux, so the
     child (same pid) dies with the thread that started it; elsewhere ``argv`` unchanged."""
     if not sys.platform.startswith("linux"):
         return list(argv)
-    pid = os.getpid() if parent_pid is None else parent_pid
-    return [sys.executable, "-I", "-S", "-c", _PDEATHSIG_EXEC, str(pid), *argv]
+    return [sys.executable, "-I", "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid()), *argv]
 
 
 async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | str,
@@ -244,27 +242,20 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
     ``collection`` commands start behind :func:`parent_death_argv` on Linux.
 
     Args:
-        argv: executable and arguments (a bare name is looked up in ``env["PATH"]``).
+        argv: executable and arguments, not empty (a bare name is looked up in ``env["PATH"]``).
         env: the complete child environment. cwd: its working directory.
         timeout_ms: deadline in ms from spawn, > 0.
         discard_stdout: send stdout to /dev/null.
-        max_chars: per-stream cap in code points (the tail is kept).
+        max_chars: per-stream cap in code points, > 0 (the tail is kept).
         setting: the config key of ``timeout_ms``, named in the timeout message.
 
     Returns:
         The :class:`RunResult`, whatever the exit code.
 
     Raises:
-        UsageError: empty ``argv``, ``timeout_ms <= 0`` or ``max_chars <= 0``.
         QmdCommandError: the process could not be started.
         BackendTimeoutError: the deadline passed (the process tree was killed and reaped first).
     """
-    if not argv:
-        raise UsageError("run_command needs a non-empty argv")
-    if timeout_ms <= 0:
-        raise UsageError(f"timeout_ms must be > 0, got {timeout_ms}")
-    if max_chars <= 0:
-        raise UsageError(f"max_chars must be > 0, got {max_chars}")
     argv_t = tuple(str(a) for a in argv)
     command = process_command(argv_t)
     if len(argv_t) > 1 and argv_t[1] in OUTLIVE_NO_PARENT and isinstance(command, list) \
@@ -311,34 +302,33 @@ async def wait_process(process: QmdProcess, *, timeout_ms: int, setting: str | N
                      stdout_truncated=process.out.truncated, stderr_truncated=process.err.truncated)
 
 
+def _says(stderr: str, markers: tuple[str, ...]) -> bool:
+    low = stderr.lower()
+    return any(marker in low for marker in markers)
+
+
 def is_flag_rejection(stderr: str) -> bool:
     """Whether stderr says a flag was not understood (spec 2.8.3's markers)."""
-    low = stderr.lower()
-    return any(marker in low for marker in _FLAG_REJECTION_MARKERS)
+    return _says(stderr, _FLAG_REJECTION_MARKERS)
 
 
 def is_missing_collection(stderr: str) -> bool:
     """Whether stderr says a collection is missing (``collection`` and ``not found``/``does not exist``/``missing``)."""
-    low = stderr.lower()
-    return "collection" in low and any(marker in low for marker in _MISSING_COLLECTION_MARKERS)
+    return _says(stderr, ("collection",)) and _says(stderr, _MISSING_COLLECTION_MARKERS)
 
 
 def is_busy(stderr: str) -> bool:
     """Whether stderr reports a locked index (``SQLITE_BUSY`` / ``database is locked``)."""
-    low = stderr.lower()
-    return any(marker in low for marker in _BUSY_MARKERS)
+    return _says(stderr, _BUSY_MARKERS)
 
 
 def is_crash_after_output(result: RunResult) -> bool:
     """Whether qmd died after printing its answer (spec 2.8.3 case 31): a signal or an exit status
     other than 1, stdout not empty, a crash marker on stderr and no other classified error. The
     caller still has to find a complete result array."""
-    if result.ok or not result.stdout.strip():
+    if result.ok or not result.stdout.strip() or not _says(result.stderr, _CRASH_MARKERS):
         return False
     if result.signal is None and result.returncode == _ERROR_EXIT_CODE:
-        return False
-    low = result.stderr.lower()
-    if not any(marker in low for marker in _CRASH_MARKERS):
         return False
     return not (is_flag_rejection(result.stderr) or is_missing_collection(result.stderr)
                 or is_busy(result.stderr))
@@ -346,4 +336,4 @@ def is_crash_after_output(result: RunResult) -> bool:
 
 def is_vector_module_missing(stderr: str) -> bool:
     """Whether qmd's SQLite could not open its vector table (``no such module: vec0``)."""
-    return _VECTOR_MODULE_MISSING in stderr.lower()
+    return _says(stderr, ("no such module: vec0",))

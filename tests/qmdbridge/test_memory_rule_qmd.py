@@ -145,7 +145,7 @@ def test_reading_a_custom_collection_of_the_workspace_refuses_the_diary_and_the_
         tmp_path: Path) -> None:
     """``qmd/<collection>/...`` reads of a custom collection of the workspace itself refuse
     what search never cites there; ``memory.md`` is readable there while it is the root file."""
-    from qmdbridge.qmd.reads import read_in_root
+    from qmdbridge.qmd.reads import read_qmd_path
 
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -154,12 +154,12 @@ def test_reading_a_custom_collection_of_the_workspace_refuses_the_diary_and_the_
     cfg = parse_config({"memory": {"backend": "qmd", "qmd": {"paths": [{"path": str(ws), "name": "ws"}]}}})
     agent = resolve_agent(cfg, "main", workspace=ws, env={"OPENCLAW_STATE_DIR": str(tmp_path / "s")})
     coll = next(c for c in build_collections(agent, sessions_dir=tmp_path / "x") if c.kind == "custom")
-    assert read_in_root(coll, "memory.md", "qmd/ws/memory.md", None, None, workspace=ws).text == "legacy"
+    assert read_qmd_path({"ws": coll}, "qmd/ws/memory.md", None, None, workspace=ws).text == "legacy"
     (ws / "MEMORY.md").write_text("canonical\n")
     for name, reason in (("DREAMS.md", "the dreaming diary (DREAMS.md) is not memory"),
                          ("memory.md", "shadowed legacy root file")):
         with pytest.raises(PathRefusedError) as refused:
-            read_in_root(coll, name, f"qmd/ws/{name}", None, None, workspace=ws)
+            read_qmd_path({"ws": coll}, f"qmd/ws/{name}", None, None, workspace=ws)
         assert refused.value.reason == reason
 
 

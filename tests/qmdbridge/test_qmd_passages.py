@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from fallback.text.chunking import chunk_markdown, split_lines
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.parse import LocatedHit, passage_hits
 from qmdbridge.qmd.passages import MAX_FOCUS_CHARS, MAX_POOL_CHARS, Note, rank_passages
-from qmdbridge.qmd.reads import clamp_range, file_lines, hit_lines, read_in_root, resolve_hit_file
+from qmdbridge.qmd.reads import clamp_range, hit_lines, read_qmd_path, resolve_hit_file
 
 # The builtin engine's default chunking, as an agent's config gives it.
 CHUNKING = {"tokens": 400, "overlap": 80, "sections": True}
@@ -247,11 +248,11 @@ def test_passage_hits_without_any_match_keep_qmds_order_and_scores_that_never_ri
 def test_lines_are_numbered_as_memory_get_numbers_them(tmp_path: Path, body: bytes) -> None:
     coll = ManagedCollection("notes-main", tmp_path, "**/*.md", "custom")
     (tmp_path / "n.md").write_bytes(body)
-    page = read_in_root(coll, "n.md", "qmd/notes-main/n.md", 1, 1000, workspace=tmp_path / "ws")
+    page = read_qmd_path({coll.name: coll}, "qmd/notes-main/n.md", 1, 1000, workspace=tmp_path / "ws")
     assert not page.truncated
     read_by_memory_get = split_lines(page.text)[:page.lines]  # the page is the file's text
-    lines = file_lines(coll, "n.md", workspace=tmp_path / "ws")
-    assert lines == read_by_memory_get
+    lines = read_by_memory_get
+    assert hit_lines(coll, "n.md", workspace=tmp_path / "ws", max_bytes=sys.maxsize) == (len(lines), lines)
     # read whole or counted as a stream, the count is the same
     assert hit_lines(coll, "n.md", workspace=tmp_path / "ws", max_bytes=1 << 20) == (len(lines), lines)
     assert hit_lines(coll, "n.md", workspace=tmp_path / "ws", max_bytes=0) == (
@@ -264,7 +265,8 @@ def test_a_normalised_path_still_finds_a_note_that_starts_with_a_bom(tmp_path: P
     path an old qmd stored normalised."""
     coll = ManagedCollection("notes-main", tmp_path, "**/*.md", "custom")
     (tmp_path / "My Trip.md").write_bytes("\ufeff# Trip\n\nferry booked\n".encode())
-    assert file_lines(coll, "My Trip.md", workspace=tmp_path / "ws") == ["# Trip", "", "ferry booked"]
+    assert hit_lines(coll, "My Trip.md", workspace=tmp_path / "ws", max_bytes=sys.maxsize) == (
+        3, ["# Trip", "", "ferry booked"])
     assert resolve_hit_file(coll, "my-trip.md", "\ufeff# Trip\n\nferry booked", 1, 3,
                             workspace=tmp_path / "ws") == ("My Trip.md", None)
 

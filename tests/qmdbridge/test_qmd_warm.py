@@ -154,7 +154,7 @@ def test_parent_death_argv_kills_the_child_when_its_parent_is_killed(tmp_path: P
                "p = subprocess.Popen(parent_death_argv(['sleep', '300']), start_new_session=True)\n"
                "while psutil.Process(p.pid).cmdline()[:1] != ['sleep']: time.sleep(0.01)\n"
                "print(p.pid, flush=True)\ntime.sleep(300)\n")
-    assert parent_death_argv(["qmd", "mcp"], parent_pid=7)[-3:] == ["7", "qmd", "mcp"]
+    assert parent_death_argv(["qmd", "mcp"])[-3:] == [str(os.getpid()), "qmd", "mcp"]
     proc = subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE, env=os.environ)
     assert proc.stdout is not None
     pid = int(proc.stdout.readline())

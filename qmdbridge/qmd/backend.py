@@ -68,6 +68,7 @@ from qmdbridge.qmd.update import UpdateCycle, embed_jitter_ms, file_lock, indexi
 
 if TYPE_CHECKING:
     from qmdbridge.qmd.freshness import QmdFreshness
+    from qmdbridge.qmd.locate import QmdLocation
     from qmdbridge.qmd.warm import WarmChild
 
 __all__ = ["QmdBackend"]
@@ -87,7 +88,7 @@ class QmdBackend:
 
     name = "qmd"
 
-    def __init__(self, agent: ResolvedAgent, *, location: Any, mode: Literal["full", "cli"] = "cli",
+    def __init__(self, agent: ResolvedAgent, *, location: QmdLocation, mode: Literal["full", "cli"] = "cli",
                  env: Mapping[str, str] | None = None,
                  now_ms: Callable[[], int] | None = None, runner: CommandRunner | None = None) -> None:
         self.agent = agent
@@ -141,8 +142,8 @@ class QmdBackend:
     @cached_property
     def child_env(self) -> dict[str, str]:
         """The child environment (per-agent XDG dirs, ``NO_COLOR=1``)."""
-        return dict(build_child_env(self.home, parent_env=self._parent_env, path_env=getattr(
-            self.location, "child_path", None) or self._parent_env.get("PATH", "")))
+        return dict(build_child_env(self.home, parent_env=self._parent_env,
+                                    path_env=self.location.child_path or self._parent_env.get("PATH", "")))
 
     @cached_property
     def model_state(self) -> ModelState:
@@ -280,7 +281,7 @@ class QmdBackend:
             self.collections, run=self._collection_cmd, agent_id=self.agent.agent_id,
             workspace=self.agent.workspace_dir, state=self.reconcile_state,
             marker=self.home.reconciled,
-            qmd_version=getattr(self.location, "version", None), index_yml=self.home.index_yml,
+            qmd_version=self.location.version, index_yml=self.home.index_yml,
             force=force)
         self._yml_seen = file_stamp(self.home.index_yml)
 
@@ -585,7 +586,7 @@ class QmdBackend:
             dirty=bool(indexing or (self.freshness and (self.freshness.dirty or dead_watcher))),
             dirty_reason=(dead_watcher or indexing or (self.freshness.dirty_reason if self.freshness else None)),
             custom={"qmd": {
-                "binary": str(self.location.path), "version": getattr(self.location, "version", None),
+                "binary": str(self.location.path), "version": self.location.version,
                 "collections": len(self.collections),
                 "collectionNames": [c.name for c in self.collections],
                 "lastUpdateAt": self.cycle.last_update_at, "embedFailures": embed_state.failures,

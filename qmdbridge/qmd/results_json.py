@@ -17,12 +17,13 @@ from typing import Any
 
 from qmdbridge.qmd.errors import QmdOutputError
 
-__all__ = ["EXCERPT_CHARS", "QmdEntry", "entry_from_json", "is_result_object", "parse_qmd_json", "strip_ansi"]
+__all__ = ["EXCERPT_CHARS", "QmdEntry", "entry_from_json", "is_result_object", "parse_qmd_json"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
 # Characters of stdout (or stderr) quoted in an error message; the rest goes to the debug log.
 EXCERPT_CHARS = 120
+# ANSI colour and cursor escape sequences (removed before parsing).
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 _NO_RESULTS_RE = re.compile(
     r"^(?:\[[^\]]*\]\s*)?(?:(?:warn|warning|info|error|qmd):\s*)*"
@@ -54,11 +55,6 @@ class QmdEntry:
     score: float | None = None
     start_line: int | None = None
     end_line: int | None = None
-
-
-def strip_ansi(text: str) -> str:
-    """Remove ANSI colour and cursor escape sequences."""
-    return _ANSI_RE.sub("", text)
 
 
 def _only_markers(text: str) -> bool:
@@ -123,9 +119,9 @@ def parse_qmd_json(stdout: str, stderr: str = "", *, command: str) -> list[QmdEn
     Raises:
         QmdOutputError: ``qmd <command> returned invalid JSON: ...`` with an excerpt.
     """
-    out = strip_ansi(stdout)
+    out = _ANSI_RE.sub("", stdout)
     if not out.strip():
-        err = strip_ansi(stderr)
+        err = _ANSI_RE.sub("", stderr)
         if _only_markers(err):
             return []
         raise QmdOutputError(f"qmd {command} returned invalid JSON: stdout empty (stderr: {_excerpt(err)})")

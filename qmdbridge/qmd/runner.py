@@ -27,7 +27,7 @@ from anyio.abc import Process
 from fallback.errors import BackendTimeoutError
 from qmdbridge.command_line import batch_command, is_batch_script
 from qmdbridge.qmd.errors import QmdCommandError
-from qmdbridge.qmd.streams import DEFAULT_MAX_CHARS, QmdProcess, split_status
+from qmdbridge.qmd.streams import DEFAULT_MAX_CHARS, QmdProcess
 
 if TYPE_CHECKING:  # psutil is loaded only to kill a process tree (its import cost: docs/benchmarks.md)
     import psutil
@@ -294,7 +294,8 @@ async def wait_process(process: QmdProcess, *, timeout_ms: int, setting: str | N
                 await anyio.to_thread.run_sync(kill_process, process)
     if not finished:
         raise BackendTimeoutError("qmd", summarize(process.argv), timeout_ms, setting=setting)
-    returncode, sig = split_status(process.proc.returncode)
+    code = process.proc.returncode  # -N: ended by signal N
+    returncode, sig = (None, -code) if code is not None and code < 0 else (code, None)
     ended = process.ended if process.ended is not None else time.monotonic()
     return RunResult(argv=process.argv, returncode=returncode, signal=sig, stdout=process.out.text(),
                      stderr=process.err.text(),

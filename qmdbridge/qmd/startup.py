@@ -61,7 +61,7 @@ def reconcile_fingerprint(collections: list[ManagedCollection], qmd_version: str
 
 async def reconcile_if_changed(collections: list[ManagedCollection], *, run: RunCollectionCommand,
                                agent_id: str, workspace: Path, state: ReconcileState, marker: Path,
-                               qmd_version: str | None, index_yml: Path, force: bool = False) -> bool:
+                               qmd_version: str | None, index_yml: Path, force: bool = False) -> None:
     """Make qmd's collections match the config (spec 2.6) unless ``marker`` holds the current
     :func:`reconcile_fingerprint` (``force`` reconciles anyway); never raises for qmd errors.
 
@@ -69,15 +69,12 @@ async def reconcile_if_changed(collections: list[ManagedCollection], *, run: Run
     a reconcile without a timeout or a refused collection records the fingerprint. After a
     command timed out the rest are not run (each would wait its whole ``commandTimeoutMs``);
     ``state.timed_out`` keeps its reason.
-
-    Returns:
-        Whether a reconcile ran.
     """
     state.timed_out = None
     if not force:
         with contextlib.suppress(OSError):
             if marker.read_text() == reconcile_fingerprint(collections, qmd_version, index_yml):
-                return False
+                return
     timed_out: BackendTimeoutError | None = None
 
     async def counted(args: list[str], positionals: list[str]) -> CollectionRun:
@@ -101,12 +98,11 @@ async def reconcile_if_changed(collections: list[ManagedCollection], *, run: Run
             write_atomic(index_yml, render_index_yml(collections).encode("utf-8"))
         except OSError as exc:
             log.warning("cannot write %s again: %s", index_yml, exc)
-            return True
+            return
         await reconcile(collections, run=counted, agent_id=agent_id, workspace=workspace, state=state)
     if timed_out is not None or state.refused or state.unreadable_yml is not None:
-        return True  # incomplete (or a collection refused): try again next start
+        return  # incomplete (or a collection refused): try again next start
     try:
         write_atomic(marker, reconcile_fingerprint(collections, qmd_version, index_yml).encode())
     except OSError as exc:
         log.debug("cannot record the reconcile fingerprint: %s", exc)
-    return True

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["DEFAULT_MAX_CHARS", "QmdProcess", "TailBuffer", "split_status"]
+__all__ = ["DEFAULT_MAX_CHARS", "QmdProcess", "TailBuffer"]
 
 # Per-stream cap in characters, as in the reference runner; the buffers keep the tail.
 DEFAULT_MAX_CHARS = 200_000
@@ -58,13 +58,6 @@ class TailBuffer:
         """The decoded tail, at most ``max_chars`` code points."""
         self._compact()
         return self.parts[0] if self.parts else ""
-
-
-def split_status(code: int | None) -> tuple[int | None, int | None]:
-    """``(returncode, signal)`` of a ``Popen.returncode`` (``-9`` -> ``(None, 9)``)."""
-    if code is not None and code < 0:
-        return None, -code
-    return code, None
 
 
 class QmdProcess:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable, Mapping
 from functools import cached_property, partial
 from importlib import import_module
@@ -19,6 +18,7 @@ import anyio
 from fallback.background import BackgroundTasks
 from fallback.contract import ProgressCallback, SearchOutcome
 from fallback.errors import BackendTimeoutError, BackendUnavailableError, ManagerClosedError, UsageError
+from fallback.index.racy import wall_clock_ms
 from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source, SourceCount
 from fallback.request import SearchRequest
 from fallback.search.fusion import select_results
@@ -96,7 +96,7 @@ class QmdBackend:
         self.mode = mode
         self.cfg = agent.memory.qmd
         self._parent_env = dict(os.environ if env is None else env)
-        self.now_ms = now_ms or (lambda: int(time.time() * 1000))
+        self.now_ms = now_ms or wall_clock_ms
         self._runner: CommandRunner = runner or run_command
         self.home = qmd_home(agent.state_dir, agent.agent_id)
         self.collections: list[ManagedCollection] = build_collections(

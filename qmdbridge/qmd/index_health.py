@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from fallback.errors import BackendUnavailableError
+from fallback.index.racy import wall_clock_ms
 from fallback.sources.memory_files import SKIP_DIR_NAMES, root_memory_file
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.update import file_lock
@@ -164,7 +164,7 @@ class IndexHealth:
                     counts, err = await self.counts.read()  # an update may have repaired it
                     if await self.check(counts, err) == why:
                         try:
-                            aside = move_aside(db, int(time.time() * 1000))
+                            aside = move_aside(db, wall_clock_ms())
                         except OSError as exc:
                             raise BackendUnavailableError(
                                 "qmd", f"cannot move the corrupt index {db} aside: {exc}") from exc

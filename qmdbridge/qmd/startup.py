@@ -7,7 +7,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import orjson
 
 from fallback.errors import BackendTimeoutError, BackendUnavailableError
 from fallback.fs.atomic import write_atomic
+from fallback.index.racy import wall_clock_ms
 from qmdbridge.paths import QmdHome, ensure_home
 from qmdbridge.qmd.collections import (
     CollectionRun,
@@ -90,7 +90,7 @@ async def reconcile_if_changed(collections: list[ManagedCollection], *, run: Run
 
     await reconcile(collections, run=counted, agent_id=agent_id, workspace=workspace, state=state)
     if state.unreadable_yml is not None:  # a hand edit qmd cannot parse: the bridge owns the file
-        broken = index_yml.with_name(f"{index_yml.name}.broken-{int(time.time() * 1000)}")
+        broken = index_yml.with_name(f"{index_yml.name}.broken-{wall_clock_ms()}")
         log.warning("qmd cannot read its collection list (%s); keeping it as %s and writing the "
                     "managed collections again", state.unreadable_yml, broken)
         try:

@@ -16,6 +16,7 @@ import anyio
 from anyio.abc import ByteReceiveStream
 
 from fallback.background import BackgroundTasks, RetryPolicy
+from fallback.index.racy import wall_clock_ms
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.errors import QmdMcpError
 from qmdbridge.qmd.index_health import db_identity
@@ -111,7 +112,7 @@ class WarmChild:
         self._db_ident: tuple[int, int] | None = None  # the index file the ready child opened
         self.startup_budget_ms = startup_budget_ms
         self.policy = policy or RetryPolicy()
-        self._now = now_ms or (lambda: int(time.time() * 1000))
+        self._now = now_ms or wall_clock_ms
         self._tasks: BackgroundTasks | None = None
         self._client: McpStdioClient | None = None
         self._calls = anyio.Lock()  # one call in flight at a time (module docstring)

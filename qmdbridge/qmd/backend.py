@@ -229,7 +229,11 @@ class QmdBackend:
                 self._startup_problem(problem)
             if up.on_boot and boot_update:
                 if up.wait_for_boot_sync:
-                    await self._boot_update()
+                    try:
+                        await self.cycle.run("boot", force=True)
+                    except BackendUnavailableError as exc:  # a timeout: "... timed out after <N>ms"
+                        self.last_error = str(exc)
+                        self._startup_problem(f"boot update failed: {exc.reason}")
                 elif self.mode == "full" and self._bg is not None:
                     self._bg.start_soon("boot update", lambda: self.cycle.run("boot", force=True))
         finally:
@@ -267,13 +271,6 @@ class QmdBackend:
                 cycle=self.cycle, watch_debounce_ms=sync.watch_debounce_ms,
                 update_debounce_ms=up.debounce_ms, now_ms=self.now_ms, tasks=tasks)
             tasks.start_soon("file watcher", self.freshness.watcher.run)
-
-    async def _boot_update(self) -> None:
-        try:
-            await self.cycle.run("boot", force=True)
-        except BackendUnavailableError as exc:  # a timeout: "... timed out after <updateTimeoutMs>ms"
-            self.last_error = str(exc)
-            self._startup_problem(f"boot update failed: {exc.reason}")
 
     async def reconcile(self, *, force: bool = False) -> None:
         """Make qmd's collections match the config (``startup.reconcile_if_changed``); never raises for qmd errors."""

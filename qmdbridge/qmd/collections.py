@@ -135,10 +135,6 @@ def fallback_engine_settings(agent: ResolvedAgent) -> EngineSettings:
     return agent.engine.model_copy(update={"search": search})
 
 
-def _is_inside(child: Path, parent: Path) -> bool:
-    return child.is_relative_to(parent) or _realpath(child).is_relative_to(_realpath(parent))
-
-
 def _realpath(p: Path) -> Path:
     try:
         return Path(os.path.realpath(p))
@@ -193,7 +189,8 @@ def build_collections(agent: ResolvedAgent, *, sessions_dir: Path) -> list[Manag
             continue
         seen.add(key)
         explicit = (raw_name or "").strip()
-        base = explicit if explicit and not _is_inside(path, ws) else (
+        inside = path.is_relative_to(ws) or _realpath(path).is_relative_to(_realpath(ws))
+        base = explicit if explicit and not inside else (
             f"{sanitize_name(explicit or f'custom-{i}')}-{agent_seg}")
         out.append(ManagedCollection(unique(base), path, pattern, "custom",
                                      single_file=root.entry != root.path))

@@ -225,7 +225,11 @@ class WarmChild:
                     tg.cancel_scope.cancel()
                 else:
                     ready_at = time.monotonic()
-                    self._set_ready(client, started, ready_at)
+                    self._client, self.state, self.starts = client, "ready", self.starts + 1
+                    self._db_ident = db_identity(self._index_db) if self._index_db is not None else None
+                    self.ready_at_ms, self.startup_ms = self._now(), int((ready_at - started) * 1000)
+                    log.info("qmd mcp child ready (pid %s, stdio, %d ms)", self.pid, self.startup_ms)
+                    self._notify()
                     failed = self._failed = anyio.Event()
                     await failed.wait()
                     tg.cancel_scope.cancel()
@@ -266,15 +270,6 @@ class WarmChild:
             raise _StartFailed(f"no answer within {self.startup_budget_ms}ms "
                                "(memory.qmd.update.commandTimeoutMs)")
 
-    def _set_ready(self, client: McpStdioClient, started: float, ready_at: float) -> None:
-        self._client = client
-        self._db_ident = db_identity(self._index_db) if self._index_db is not None else None
-        self.state, self.starts = "ready", self.starts + 1
-        self.ready_at_ms = self._now()
-        self.startup_ms = int((ready_at - started) * 1000)
-        log.info("qmd mcp child ready (pid %s, stdio, %d ms)", self.pid, self.startup_ms)
-        self._notify()
-
     async def search(self, q: str, coll: ManagedCollection, plan: CallPlan) -> list[QmdEntry] | None:
         """One collection's call through the child, in qmd's order as ``qmd query --json`` gives it:
         in ``search`` mode with ``plan.lex`` one call of typed ``lex`` sub-searches (no model, no
@@ -311,7 +306,10 @@ class WarmChild:
             return None
         summary = f"{what} (warm qmd mcp, pid {self.pid})"
         failed = self._failed
-        if self._reads_a_replaced_index():
+        ident = db_identity(self._index_db) if self._index_db is not None else None
+        if self._db_ident is None:
+            self._db_ident = ident
+        elif ident != self._db_ident:
             self.spawn_fallbacks += 1
             self._error(f"qmd's index {self._index_db} was replaced since the qmd mcp child (pid "
                         f"{self.pid}) opened it; restarting the child, spawning qmd meanwhile")
@@ -336,15 +334,6 @@ class WarmChild:
             return None
         self.answered += 1
         return entries
-
-    def _reads_a_replaced_index(self) -> bool:
-        if self._index_db is None:
-            return False
-        now = db_identity(self._index_db)
-        if self._db_ident is None:
-            self._db_ident = now
-            return False
-        return now != self._db_ident
 
     def describe(self) -> dict[str, Any]:
         """Status view: ``{enabled, state, serves, transport, pid, restarts, answered, spawnFallbacks,

@@ -204,7 +204,7 @@ async def run_mcp(agent: ResolvedAgent, args: argparse.Namespace) -> int:
         server = build_server(manager)
         if sock is not None and token is not None:
             await _serve_http(server, sock, host=args.host, token=token, token_path=token_path,
-                              verbose=bool(getattr(args, "verbose", False)),
+                              verbose=args.verbose,
                               request_timeout_s=args.request_timeout, session_idle_s=args.session_idle)
         else:
             await _serve_stdio(server)

@@ -43,11 +43,6 @@ MAX_LINE_BYTES = 32 * 1024 * 1024
 _SUN_PATH_MAX = 103
 
 
-def _resolve(path: str) -> str:
-    """``Path(path).expanduser().resolve()`` as a string, without importing pathlib."""
-    return os.path.realpath(os.path.expanduser(path))
-
-
 def daemon_dir(state: str) -> str:
     """The folder of the daemon sockets: ``<stateDir>/daemon``."""
     return os.path.join(state, DAEMON_DIR_NAME)
@@ -64,11 +59,9 @@ def daemon_disabled(env: Mapping[str, str]) -> bool:
 
 
 def decode_line(line: bytes) -> Any:
-    """One request line of ``serve`` (stdin or the daemon socket) as JSON. ``json.loads``, not
-    orjson: it reads a lone surrogate escape (``"\\ud83d"``, half an emoji, as JavaScript's
-    ``JSON.stringify`` writes a string cut inside a surrogate pair) as the MCP route and the
-    library take it, where orjson refuses the whole line. One leading UTF-8 BOM (a Windows
-    client's first line) is read past, as ``json.loads`` reads bytes; orjson refuses it too.
+    """One request line of ``serve`` (stdin or the daemon socket) as JSON: ``json.loads``, which
+    (unlike orjson) reads a lone surrogate escape (``"\\ud83d"``) as the MCP route does, and
+    reads past one leading UTF-8 BOM.
 
     Raises:
         ValueError: the line is not JSON (``NaN`` and ``Infinity`` are not), not UTF-8, or
@@ -107,20 +100,13 @@ def config_identity(explicit: str | None, state: str,
         ``(resolved path, "<size>:<mtime ns>:<ctime ns>:<inode>[:env <crc>]")``; ``(None, None)``
         without a config file; ``(path, None)`` when it cannot be read (never matches a daemon).
     """
-    if explicit is None:
-        candidate = os.path.join(state, "openclaw.json")
-        if not os.path.isfile(candidate):
-            return None, None
-        path = _resolve(candidate)
-    else:
-        path = _resolve(explicit)
+    if explicit is None and not os.path.isfile(os.path.join(state, "openclaw.json")):
+        return None, None
+    path = os.path.realpath(os.path.expanduser(explicit or os.path.join(state, "openclaw.json")))
     try:
         st = os.stat(path)
-    except OSError:
-        return path, None
-    if not stat.S_ISREG(st.st_mode):
-        return path, None
-    try:
+        if not stat.S_ISREG(st.st_mode):
+            return path, None
         with open(path, "rb") as f:
             referenced = env_stamp(f.read().decode("utf-8", "replace"), env)
     except OSError:
@@ -145,7 +131,7 @@ def client_fingerprint(*, agent: str | None, workspace: str | None, config: str 
     return {
         "stateDir": state,
         "agent": agent,
-        "workspace": _resolve(workspace) if workspace is not None else None,
+        "workspace": os.path.realpath(os.path.expanduser(workspace)) if workspace is not None else None,
         "config": cfg_path,
         "configStamp": cfg_stamp,
         "backend": backend,

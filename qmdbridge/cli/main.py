@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from qmdbridge.cli.common import EXIT_USAGE, print_error
+from qmdbridge.cli.common import EXIT_USAGE, print_error, verbose_note
 from qmdbridge.cli.daemon_client import DAEMON_COMMANDS, try_daemon
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a served `qmdbridge search` skips it)
@@ -366,10 +366,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     finally:
         if early is not None:
-            from qmdbridge.cli.qmd_prefetch import note_used
-
             early.close()
-            note_used(args, early)
+            verbose_note(args, f"qmd calls started ahead of the config: {early.started}, taken by the "
+                               f"search: {early.used}")
         if restore_sigterm is not None:
             restore_sigterm()
 

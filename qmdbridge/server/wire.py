@@ -25,13 +25,13 @@ __all__ = [
     "client_fingerprint",
     "config_identity",
     "daemon_dir",
-    "daemon_disabled",
     "decode_line",
     "encode_line",
     "remove_stale_socket",
     "short_socket_path",
     "socket_path",
     "state_dir",
+    "turned_off",
 ]
 
 DAEMON_DIR_NAME = "daemon"
@@ -53,9 +53,10 @@ def socket_path(state: str, agent_id: str) -> str:
     return os.path.join(daemon_dir(state), f"{agent_id}.sock")
 
 
-def daemon_disabled(env: Mapping[str, str]) -> bool:
-    """True when ``$QMDBRIDGE_DAEMON`` is ``off``, ``0``, ``false`` or ``no`` (any case)."""
-    return env.get(DAEMON_ENV, "").strip().lower() in ("off", "0", "false", "no")
+def turned_off(env: Mapping[str, str], name: str) -> bool:
+    """True when ``env``'s variable ``name`` (:data:`DAEMON_ENV`, the CLI cache's) is ``off``, ``0``,
+    ``false`` or ``no`` (any case)."""
+    return env.get(name, "").strip().lower() in ("off", "0", "false", "no")
 
 
 def decode_line(line: bytes) -> Any:

@@ -412,26 +412,10 @@ def _stop_on_sigterm() -> Callable[[], None]:
 
 
 def _run_in_process(args: argparse.Namespace, early: Any = None) -> int:
-    """Run the command with the config loaded (``early``: the qmd calls a search started
-    ahead); with ``--verbose`` log records go to stderr for the command's duration."""
+    """Run the command with the config loaded (``early``: the qmd calls a search started ahead)."""
     from qmdbridge.cli.commands import run_command
 
-    runner = early.run_command if early is not None else None
-    if not args.verbose:
-        return run_command(args, qmd_runner=runner)
-    import logging
-
-    root = logging.getLogger()
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    try:
-        return run_command(args, qmd_runner=runner)
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
+    return run_command(args, qmd_runner=early.run_command if early is not None else None)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -182,11 +182,9 @@ def answer_recorded(args: argparse.Namespace, doc: dict[str, Any]) -> int | None
     from fallback.store.readonly import ReadOnlyStore
     from qmdbridge.cli.render import print_answer
 
-    if doc.get("backend") != "builtin":
-        return None
     try:
         settings = InSyncSettings.from_json(doc["settings"])
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError):  # a qmd record has none
         return None
     if not settings.workspace_dir.is_dir():
         return None

@@ -180,8 +180,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
 
 
-
-
 def build_parser(only: str | None = None, *, json_errors: bool = False) -> argparse.ArgumentParser:
     """The argument parser, with only the sub-parser of command ``only`` (``None``: all); with
     ``json_errors`` a usage error prints ``{"error", "errorType", "exitCode"}`` on stdout."""

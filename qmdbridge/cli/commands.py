@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -64,60 +65,69 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, Any]:
     return cfg, resolve_agent(cfg, args.agent, workspace=args.workspace)
 
 
-def _quiet_logs(args: argparse.Namespace) -> None:
-    """Keep library records below ERROR off stderr unless ``-v`` (a command prints what matters
-    itself, config warnings once); ``serve`` and ``mcp`` keep logging's, less the postgres pool's retries."""
+@contextmanager
+def _logs_to_stderr(args: argparse.Namespace) -> Iterator[None]:
+    """For the command's duration: with ``-v`` every record from INFO to stderr as ``LEVEL logger:
+    message`` (but the config's, which the command prints itself); else only errors, as
+    ``qmdbridge: message`` (a command prints what matters itself), unless a handler is set up;
+    ``serve`` and ``mcp`` keep logging's default then, less the postgres pool's retries."""
     import logging
 
-    root = logging.getLogger()
+    root, serving = logging.getLogger(), args.command in ("serve", "mcp")
+    if not args.verbose and (serving or root.handlers):
+        if serving:
+            logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+        yield
+        return
+    if args.verbose and not serving:  # run_command prints the config warnings
+        logging.getLogger("qmdbridge.config").setLevel(logging.ERROR)
+    handler, level = logging.StreamHandler(sys.stderr), root.level
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s" if args.verbose
+                                           else "qmdbridge: %(message)s"))
     if args.verbose:
-        if args.command not in ("serve", "mcp"):  # run_command prints the config warnings
-            logging.getLogger("qmdbridge.config").setLevel(logging.ERROR)
-        return
-    if args.command in ("serve", "mcp"):
-        logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
-        return
-    if root.handlers:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setLevel(logging.ERROR)
-    handler.setFormatter(logging.Formatter("qmdbridge: %(message)s"))
+        root.setLevel(logging.INFO)
+    else:
+        handler.setLevel(logging.ERROR)
     root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
 
 
 def run_command(args: argparse.Namespace, *, qmd_runner: Any = None) -> int:
     """Run one parsed command; prints results and errors, returns the exit code.
     ``qmd_runner``: runs a ``search``'s qmd processes (the calls started ahead), or ``None``."""
-    _quiet_logs(args)
-    try:
-        key, key_taken_ms = None, None
-        if args.command == "search":  # what the config is read from, before it is read
-            from fallback.index.racy import wall_clock_ms
-            from qmdbridge.cli.fast_search import settings_key
+    with _logs_to_stderr(args):
+        try:
+            key, key_taken_ms = None, None
+            if args.command == "search":  # what the config is read from, before it is read
+                from fallback.index.racy import wall_clock_ms
+                from qmdbridge.cli.fast_search import settings_key
 
-            key_taken_ms = wall_clock_ms()
-            key = settings_key(args, os.environ)
-        cfg, agent = _resolve(args)
-        if args.command not in ("serve", "mcp"):  # these log them (logging's default)
-            print_config_warnings(agent.config_warning_lines())
-        handler = _handler(args.command)
-        if qmd_runner is not None and args.command == "search":
-            handler = partial(_search, qmd_runner=qmd_runner)
-        code = anyio.run(handler, agent, args)
-        if key is not None and code == EXIT_OK:
-            from qmdbridge.cli.search_cache import record_search_settings
+                key_taken_ms = wall_clock_ms()
+                key = settings_key(args, os.environ)
+            cfg, agent = _resolve(args)
+            if args.command not in ("serve", "mcp"):  # these log them (logging's default)
+                print_config_warnings(agent.config_warning_lines())
+            handler = _handler(args.command)
+            if qmd_runner is not None and args.command == "search":
+                handler = partial(_search, qmd_runner=qmd_runner)
+            code = anyio.run(handler, agent, args)
+            if key is not None and code == EXIT_OK:
+                from qmdbridge.cli.search_cache import record_search_settings
 
-            # the next one-shot search skips all this
-            record_search_settings(args, cfg, agent, key=key, key_taken_ms=key_taken_ms)
-        return code
-    except MemorySearchError as exc:
-        json_out = getattr(args, "json", False)
-        code = print_error(json_out, str(exc), type(exc).__name__, exit_code_for(exc))
-        if not json_out and isinstance(exc, IndexStoreError):
-            hint = store_failure_hint(type(exc).__name__, exc.db_path)
-            if hint is not None:
-                sys.stderr.write(f"  fix: {hint}\n")
-        return code
+                # the next one-shot search skips all this
+                record_search_settings(args, cfg, agent, key=key, key_taken_ms=key_taken_ms)
+            return code
+        except MemorySearchError as exc:
+            code = print_error(args.json, str(exc), type(exc).__name__, exit_code_for(exc))
+            if not args.json and isinstance(exc, IndexStoreError):
+                hint = store_failure_hint(type(exc).__name__, exc.db_path)
+                if hint is not None:
+                    sys.stderr.write(f"  fix: {hint}\n")
+            return code
 
 
 def _index_writer(agent: Any) -> Callable[[], int | None]:

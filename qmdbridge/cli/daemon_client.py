@@ -14,14 +14,15 @@ from collections.abc import Mapping
 
 from qmdbridge.cli.common import EXIT_REFUSED, print_config_warnings, print_error
 from qmdbridge.server.wire import (
+    DAEMON_ENV,
     MAX_LINE_BYTES,
     client_fingerprint,
     daemon_dir,
-    daemon_disabled,
     peer_ids,
     remove_stale_socket,
     short_socket_path,
     state_dir,
+    turned_off,
 )
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a served `qmdbridge search` skips it)
@@ -149,7 +150,7 @@ def try_daemon(args: argparse.Namespace, env: Mapping[str, str] | None = None) -
         command in-process.
     """
     e = os.environ if env is None else env
-    if args.command not in DAEMON_COMMANDS or daemon_disabled(e) or getattr(args, "explain", False):
+    if args.command not in DAEMON_COMMANDS or turned_off(e, DAEMON_ENV) or getattr(args, "explain", False):
         return None  # --explain traces are built in-process (the serve protocol has no such flag)
     if args.command == "get" and os.path.isabs(args.path):
         return None  # the workspace-relative form is worked out in-process (the tool refuses /x)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from fallback.errors import IndexStoreError, UsageError
 from fallback.request import SearchRequest
 from qmdbridge.cli.common import verbose_note
-from qmdbridge.server.wire import client_fingerprint
+from qmdbridge.server.wire import client_fingerprint, turned_off
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from fallback.search.fts_only import Hit
 
-__all__ = ["CACHE_DIR_NAME", "CACHE_ENV", "FORMAT", "answer_recorded", "cache_disabled", "code_stamped",
+__all__ = ["CACHE_DIR_NAME", "CACHE_ENV", "FORMAT", "answer_recorded", "code_stamped",
            "recorded_search", "search_doc", "settings_key", "settings_path", "untrusted"]
 
 CACHE_ENV = "QMDBRIDGE_CLI_CACHE"
@@ -36,11 +36,6 @@ CODE_FILES = ("qmdbridge/config.py", "qmdbridge/config_compat.py", "qmdbridge/cl
               "qmdbridge/cli/search_cache.py", "fallback/settings.py", "fallback/index/identity.py",
               "fallback/embeddings/__init__.py", "fallback/engine/in_sync.py",
               "qmdbridge/cli/qmd_prefetch.py", "qmdbridge/qmd/query_text.py", "qmdbridge/paths.py")
-
-
-def cache_disabled(env: Mapping[str, str]) -> bool:
-    """True when ``$QMDBRIDGE_CLI_CACHE`` is ``off``, ``0``, ``false`` or ``no`` (any case)."""
-    return env.get(CACHE_ENV, "").strip().lower() in ("off", "0", "false", "no")
 
 
 def _code_stamp() -> list[list[Any]]:
@@ -164,7 +159,7 @@ def recorded_search(args: argparse.Namespace, env: Mapping[str, str] | None = No
     """
     e = os.environ if env is None else env
     if (args.command != "search" or args.explain or args.session_key is not None
-            or getattr(args, "corpus", None) not in (None, "all") or cache_disabled(e)):
+            or args.corpus not in (None, "all") or turned_off(e, CACHE_ENV)):
         return None
     try:
         SearchRequest.of(args.query, max_results=args.max_results, min_score=args.min_score)
@@ -187,11 +182,9 @@ def answer_recorded(args: argparse.Namespace, doc: dict[str, Any]) -> int | None
     from fallback.store.readonly import ReadOnlyStore
     from qmdbridge.cli.render import print_answer
 
-    if doc.get("backend") != "builtin":
-        return None
     try:
         settings = InSyncSettings.from_json(doc["settings"])
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError):  # a qmd record has none
         return None
     if not settings.workspace_dir.is_dir():
         return None

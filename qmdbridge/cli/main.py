@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from qmdbridge.cli.common import EXIT_USAGE, print_error
+from qmdbridge.cli.common import EXIT_USAGE, print_error, verbose_note
 from qmdbridge.cli.daemon_client import DAEMON_COMMANDS, try_daemon
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a served `qmdbridge search` skips it)
@@ -178,8 +178,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=["builtin", "qmd"], help="override memory.backend")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
-
-
 
 
 def build_parser(only: str | None = None, *, json_errors: bool = False) -> argparse.ArgumentParser:
@@ -366,10 +364,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     finally:
         if early is not None:
-            from qmdbridge.cli.qmd_prefetch import note_used
-
             early.close()
-            note_used(args, early)
+            verbose_note(args, f"qmd calls started ahead of the config: {early.started}, taken by the "
+                               f"search: {early.used}")
         if restore_sigterm is not None:
             restore_sigterm()
 
@@ -413,26 +410,10 @@ def _stop_on_sigterm() -> Callable[[], None]:
 
 
 def _run_in_process(args: argparse.Namespace, early: Any = None) -> int:
-    """Run the command with the config loaded (``early``: the qmd calls a search started
-    ahead); with ``--verbose`` log records go to stderr for the command's duration."""
+    """Run the command with the config loaded (``early``: the qmd calls a search started ahead)."""
     from qmdbridge.cli.commands import run_command
 
-    runner = early.run_command if early is not None else None
-    if not args.verbose:
-        return run_command(args, qmd_runner=runner)
-    import logging
-
-    root = logging.getLogger()
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    try:
-        return run_command(args, qmd_runner=runner)
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
+    return run_command(args, qmd_runner=early.run_command if early is not None else None)
 
 
 if __name__ == "__main__":  # pragma: no cover

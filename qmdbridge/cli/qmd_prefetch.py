@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from qmdbridge.paths import QmdHome
 
-__all__ = ["MAX_AHEAD", "ahead_limit", "breaker_healthy", "note_used", "start_prefetch"]
+__all__ = ["MAX_AHEAD", "ahead_limit", "breaker_healthy", "start_prefetch"]
 
 # Calls started ahead running at once, at most (search_calls.MAX_PARALLEL_CALLS; ahead_limit: cores).
 MAX_AHEAD = 4
@@ -156,9 +156,3 @@ def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, 
                 qmd_argv(qmd["command"], flags, [positional]), child, qmd["workspace"])) is None:
             return
         started.append(call)
-
-
-def note_used(args: argparse.Namespace, calls: EarlyCalls) -> None:
-    """With ``-v``, say on stderr how many qmd calls were started ahead and how many the search took."""
-    verbose_note(args, f"qmd calls started ahead of the config: {calls.started}, taken by the "
-                       f"search: {calls.used}")

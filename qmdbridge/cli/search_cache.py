@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from fallback.fs.atomic import TEMP_PREFIX, TEMP_SUFFIX, write_atomic
 from fallback.index.racy import racily_clean
-from qmdbridge.cli.fast_search import FORMAT, cache_disabled, code_stamped, settings_path
+from qmdbridge.cli.fast_search import CACHE_ENV, code_stamped, settings_path
 from qmdbridge.cli.qmd_prefetch import breaker_healthy
 from qmdbridge.cli.render import keyword_notice
 from qmdbridge.config import OpenClawConfig, ResolvedAgent, normalize_agent_id
+from qmdbridge.server.wire import turned_off
 
 if TYPE_CHECKING:  # (a qmd-mode search records neither: not loaded for it)
     from fallback.engine.in_sync import InSyncSettings
@@ -144,7 +145,7 @@ def record_search_settings(args: argparse.Namespace, cfg: OpenClawConfig, agent:
     the config was read); True when a file was written. A folder that cannot be written is
     skipped (logged)."""
     e = os.environ if env is None else env
-    if cache_disabled(e) or key.get("format") != FORMAT or not code_stamped(key):
+    if turned_off(e, CACHE_ENV) or not code_stamped(key):
         return False
     target = Path(settings_path(key))
     ms = agent.memory_search

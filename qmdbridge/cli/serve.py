@@ -85,7 +85,7 @@ async def start_daemon_socket(tg: Any, manager: Any, agent: Any, args: argparse.
 async def serve(agent: Any, args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT/SIGHUP, or end of stdin unless ``--no-stdin``; returns the exit code."""
     async def body(manager: Any, tg: Any) -> None:
-        if not getattr(args, "no_socket", False):
+        if not args.no_socket:
             await start_daemon_socket(tg, manager, agent, args)
         if args.no_stdin:
             await anyio.sleep_forever()

@@ -1,10 +1,7 @@
 """The eval runner: index a workspace in a throw-away store, search every question through the real
 ``MemoryManager`` (builtin engine, or the qmd sidecar), judge the hits and report recall.
 
-:func:`run_locomo` converts each LoCoMo conversation into a workspace of its own;
-:func:`run_queries` takes a JSONL query set over an existing workspace. Either way the index
-lives in a temporary state dir (or :attr:`EvalOptions.cache_dir`), the config's settings apply,
-and latency is measured around the manager's ``search`` call only.
+Latency is measured around the manager's ``search`` call only.
 """
 
 from __future__ import annotations
@@ -102,16 +99,9 @@ class EvalOptions:
 
 
 class WorkspaceReport(EvalModel):
-    """One indexed workspace of the run.
-
-    Attributes:
-        name / source: conversation or workspace folder name; the file or path it came from.
-        files / chunks: what the index holds after the sync (qmd: as its ``status`` counts).
-        questions / evidence: questions searched and their evidence items.
-        recall_at5: R@5 of this workspace alone (``None`` without evidence).
-        index_ms: wall time of the sync in ms.
-        answered_by / fallbacks / first_fallback_reason: see :func:`backend_tally`.
-    """
+    """One indexed workspace of the run: its name and the file or folder it came from, what the
+    index holds after the sync (qmd: as its ``status`` counts), questions and evidence items,
+    R@5 of this workspace alone, the sync's wall time in ms and :func:`backend_tally`'s fields."""
 
     name: str
     source: str
@@ -130,16 +120,11 @@ class EvalReport(EvalModel):
     """The outcome of one eval run (``qmdbridge eval --json`` prints it).
 
     Attributes:
-        dataset / inputs: ``locomo`` or ``queries``, and the files read.
-        backend: the backend measured.
-        provider / model / mode: as the first answer of ``backend`` names them.
-        max_results / min_score: the search limits in effect.
-        index_ms: total sync time in ms over all workspaces.
-        metrics / workspaces: the recall metrics; one row per indexed workspace.
-        misses: every question R@5 missed (:class:`~qmdbridge.evaluation.metrics.Miss`), in order.
-        warnings: distinct warnings of the search responses.
-        answered_by / fallbacks / first_fallback_reason / warm_calls: see :func:`backend_tally`.
-        long_lived: searched through a long-lived manager.
+        provider / model / mode: as the first answer of ``backend`` (the one measured) names them.
+        max_results / min_score: the search limits in effect; index_ms: sync time of all workspaces.
+        misses: every question R@5 missed, in order; warnings: the answers' distinct warnings.
+        answered_by / fallbacks / first_fallback_reason: see :func:`backend_tally`; warm_calls:
+            the warm ``qmd mcp`` child's collection searches (long-lived qmd runs).
         all_fell_back: ``backend`` is ``qmd`` and qmd answered no search (the CLI exits 1).
     """
 
@@ -331,9 +316,7 @@ async def run_locomo(path: str | Path, *, cfg: OpenClawConfig, agent_id: str | N
     """Evaluate LoCoMo conversations (``path``: a ``*.json`` file or a folder of them), each as
     its own temporary workspace and index, with the settings of ``cfg``'s agent ``agent_id``
     (default: the config's default agent); ``on_progress`` is called after each search.
-
-    Returns:
-        The :class:`EvalReport` (``per_category`` lists LoCoMo's four categories).
+    Returns the report, ``per_category`` listing LoCoMo's four categories.
 
     Raises:
         UsageError: no LoCoMo file, a malformed one, no question, bad limits or options.
@@ -363,10 +346,8 @@ async def run_queries(queries_file: str | Path, workspace: str | Path, *, cfg: O
                       agent_id: str | None = None, options: EvalOptions = EvalOptions(),
                       on_progress: ProgressCallback | None = None) -> EvalReport:
     """Evaluate a JSONL query set (:func:`load_queries`) over ``workspace`` (read only),
-    indexed into a temporary store; other arguments as for :func:`run_locomo`.
-
-    Returns:
-        The :class:`EvalReport` (``per_category``: the ``category`` values met).
+    indexed into a temporary store; other arguments as for :func:`run_locomo`. Returns the
+    report, ``per_category`` holding the ``category`` values met.
 
     Raises:
         UsageError: no such workspace, a bad queries file, bad limits or options.

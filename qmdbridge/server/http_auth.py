@@ -19,8 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fallback.errors import ConfigError
 
-__all__ = ["TOKEN_ENV", "BearerTokenMiddleware", "exposure_warning", "load_or_create_token", "loopback_security",
-           "token_file"]
+__all__ = ["TOKEN_ENV", "BearerTokenMiddleware", "exposure_warning", "load_or_create_token", "loopback_security"]
 
 TOKEN_ENV = "QMDBRIDGE_MCP_TOKEN"
 # Shorter secrets are refused: a bearer token is the only thing between a local process and memory.
@@ -28,13 +27,9 @@ MIN_TOKEN_CHARS = 16
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 
 
-def token_file(state_dir: Path) -> Path:
-    """Where the generated token is kept: ``<stateDir>/mcp/token``."""
-    return state_dir / "mcp" / "token"
-
-
 def load_or_create_token(state_dir: Path, env: Mapping[str, str]) -> tuple[str, Path | None]:
-    """The bearer token and the file it came from (``None`` for the environment variable).
+    """The bearer token and the file it came from: ``$QMDBRIDGE_MCP_TOKEN`` (file ``None``), else
+    ``<stateDir>/mcp/token``.
 
     A missing file is written under a temporary name and linked into place (folder 0700, file
     0600, 32 random bytes), so two servers starting together agree on one token and neither
@@ -50,7 +45,7 @@ def load_or_create_token(state_dir: Path, env: Mapping[str, str]) -> tuple[str, 
             raise ConfigError("too short", file="environment", key=TOKEN_ENV,
                               expected=f"at least {MIN_TOKEN_CHARS} characters")
         return raw, None
-    path = token_file(state_dir)
+    path = state_dir / "mcp" / "token"
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(path.parent, 0o700)

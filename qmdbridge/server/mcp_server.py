@@ -129,7 +129,7 @@ async def _serve_http(server: Server[Any, Any], sock: socket.socket, *, host: st
                       token_path: Path | None, verbose: bool, request_timeout_s: float,
                       session_idle_s: float) -> None:
     """Serve Streamable HTTP at ``http://host:<port of sock>/mcp`` until cancelled, behind
-    :mod:`~qmdbridge.server.http_auth` and :mod:`~qmdbridge.server.http_guard`; closes ``sock``.
+    :mod:`~qmdbridge.server.http_auth` and :mod:`~qmdbridge.server.http_guard`.
     ``request_timeout_s``: deadline of one POST; ``session_idle_s``: idle session close (0: never)."""
     import uvicorn
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -163,14 +163,11 @@ async def _serve_http(server: Server[Any, Any], sock: socket.socket, *, host: st
                      + (f"qmdbridge mcp: {exposed}\n" if exposed else "")
                      + (f"qmdbridge mcp: bearer token in {token_path}\n" if token_path
                         else "qmdbridge mcp: bearer token from $QMDBRIDGE_MCP_TOKEN\n"))
-    try:
-        async with sessions.run():
-            try:
-                await web.serve(sockets=[sock])
-            finally:
-                web.should_exit = True
-    finally:
-        sock.close()
+    async with sessions.run():
+        try:
+            await web.serve(sockets=[sock])
+        finally:
+            web.should_exit = True
 
 
 async def run_mcp(agent: ResolvedAgent, args: argparse.Namespace) -> int:
@@ -204,7 +201,7 @@ async def run_mcp(agent: ResolvedAgent, args: argparse.Namespace) -> int:
         server = build_server(manager)
         if sock is not None and token is not None:
             await _serve_http(server, sock, host=args.host, token=token, token_path=token_path,
-                              verbose=bool(getattr(args, "verbose", False)),
+                              verbose=args.verbose,
                               request_timeout_s=args.request_timeout, session_idle_s=args.session_idle)
         else:
             await _serve_stdio(server)

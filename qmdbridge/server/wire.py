@@ -25,7 +25,6 @@ __all__ = [
     "client_fingerprint",
     "config_identity",
     "daemon_dir",
-    "daemon_disabled",
     "decode_line",
     "encode_line",
     "peer_ids",
@@ -33,6 +32,7 @@ __all__ = [
     "short_socket_path",
     "socket_path",
     "state_dir",
+    "turned_off",
 ]
 
 DAEMON_DIR_NAME = "daemon"
@@ -42,11 +42,6 @@ DAEMON_ENV = "QMDBRIDGE_DAEMON"
 MAX_LINE_BYTES = 32 * 1024 * 1024
 # sun_path is 108 bytes on Linux, 104 on the BSDs and macOS, including the final NUL.
 _SUN_PATH_MAX = 103
-
-
-def _resolve(path: str) -> str:
-    """``Path(path).expanduser().resolve()`` as a string, without importing pathlib."""
-    return os.path.realpath(os.path.expanduser(path))
 
 
 def daemon_dir(state: str) -> str:
@@ -59,17 +54,16 @@ def socket_path(state: str, agent_id: str) -> str:
     return os.path.join(daemon_dir(state), f"{agent_id}.sock")
 
 
-def daemon_disabled(env: Mapping[str, str]) -> bool:
-    """True when ``$QMDBRIDGE_DAEMON`` is ``off``, ``0``, ``false`` or ``no`` (any case)."""
-    return env.get(DAEMON_ENV, "").strip().lower() in ("off", "0", "false", "no")
+def turned_off(env: Mapping[str, str], name: str) -> bool:
+    """True when ``env``'s variable ``name`` (:data:`DAEMON_ENV`, the CLI cache's) is ``off``, ``0``,
+    ``false`` or ``no`` (any case)."""
+    return env.get(name, "").strip().lower() in ("off", "0", "false", "no")
 
 
 def decode_line(line: bytes) -> Any:
-    """One request line of ``serve`` (stdin or the daemon socket) as JSON. ``json.loads``, not
-    orjson: it reads a lone surrogate escape (``"\\ud83d"``, half an emoji, as JavaScript's
-    ``JSON.stringify`` writes a string cut inside a surrogate pair) as the MCP route and the
-    library take it, where orjson refuses the whole line. One leading UTF-8 BOM (a Windows
-    client's first line) is read past, as ``json.loads`` reads bytes; orjson refuses it too.
+    """One request line of ``serve`` (stdin or the daemon socket) as JSON: ``json.loads``, which
+    (unlike orjson) reads a lone surrogate escape (``"\\ud83d"``) as the MCP route does, and
+    reads past one leading UTF-8 BOM.
 
     Raises:
         ValueError: the line is not JSON (``NaN`` and ``Infinity`` are not), not UTF-8, or
@@ -122,20 +116,13 @@ def config_identity(explicit: str | None, state: str,
         ``(resolved path, "<size>:<mtime ns>:<ctime ns>:<inode>[:env <crc>]")``; ``(None, None)``
         without a config file; ``(path, None)`` when it cannot be read (never matches a daemon).
     """
-    if explicit is None:
-        candidate = os.path.join(state, "openclaw.json")
-        if not os.path.isfile(candidate):
-            return None, None
-        path = _resolve(candidate)
-    else:
-        path = _resolve(explicit)
+    if explicit is None and not os.path.isfile(os.path.join(state, "openclaw.json")):
+        return None, None
+    path = os.path.realpath(os.path.expanduser(explicit or os.path.join(state, "openclaw.json")))
     try:
         st = os.stat(path)
-    except OSError:
-        return path, None
-    if not stat.S_ISREG(st.st_mode):
-        return path, None
-    try:
+        if not stat.S_ISREG(st.st_mode):
+            return path, None
         with open(path, "rb") as f:
             referenced = env_stamp(f.read().decode("utf-8", "replace"), env)
     except OSError:
@@ -160,7 +147,7 @@ def client_fingerprint(*, agent: str | None, workspace: str | None, config: str 
     return {
         "stateDir": state,
         "agent": agent,
-        "workspace": _resolve(workspace) if workspace is not None else None,
+        "workspace": os.path.realpath(os.path.expanduser(workspace)) if workspace is not None else None,
         "config": cfg_path,
         "configStamp": cfg_stamp,
         "backend": backend,

@@ -74,12 +74,8 @@ class _StartedProxy:
 
 
 class BackgroundTasks:
-    """One task group for a service's background work (``async with BackgroundTasks()``).
-
-    Args:
-        policy: retry delays after failures.
-        now_ms: clock in epoch ms for the reported failure times (default wall clock).
-    """
+    """One task group for a service's background work (``async with BackgroundTasks()``):
+    ``policy`` sets the retry delays, ``now_ms`` (epoch ms) stamps the reported failures."""
 
     def __init__(self, *, policy: RetryPolicy | None = None,
                  now_ms: Callable[[], int] | None = None) -> None:
@@ -99,8 +95,6 @@ class BackgroundTasks:
         self._closed = False
         self._last_error: BackgroundError | None = None
         self._failing: dict[str, BackgroundError] = {}
-
-    # -- lifecycle ----------------------------------------------------------------------------
 
     async def __aenter__(self) -> BackgroundTasks:
         if self._root is not self:
@@ -164,8 +158,6 @@ class BackgroundTasks:
             await self._idle.wait()
         if self._root is self and self._host_done is not None:
             await self._host_done.wait()
-
-    # -- starting tasks -----------------------------------------------------------------------
 
     def _check(self) -> anyio.abc.TaskGroup:
         tg = self._root._tg
@@ -305,8 +297,6 @@ class BackgroundTasks:
     async def _supervise_started(self, name: str, job: Callable[..., Awaitable[object]], *,
                                  task_status: anyio.abc.TaskStatus[Any]) -> None:
         await self._supervise(name, job, True, _StartedProxy(task_status))
-
-    # -- reporting ----------------------------------------------------------------------------
 
     def report(self, name: str, exc: BaseException, *, failures: int,
                retry_in_ms: int | None) -> BackgroundError:

@@ -39,13 +39,9 @@ class MemorySearchError(Exception):
 
 
 class ConfigError(MemorySearchError):
-    """Raised when a config file cannot be parsed or a value is invalid.
-
-    Attributes:
-        file: the config file path (``None`` for values from code or flags).
-        key: dotted key path, e.g. ``memory.qmd.limits.timeoutMs`` (``None``: a syntax error).
-        expected: what the value should have been, in words.
-    """
+    """Raised when a config file cannot be parsed or a value is invalid: ``file`` (``None`` for
+    values from code or flags), the dotted ``key`` (``memory.qmd.limits.timeoutMs``; ``None``: a
+    syntax error) and what was ``expected``, in words."""
 
     def __init__(self, message: str, *, file: str | None = None, key: str | None = None,
                  expected: str | None = None) -> None:
@@ -81,13 +77,8 @@ class PathRefusedError(MemorySearchError):
 
 
 class MemoryFileNotFoundError(MemorySearchError):
-    """Raised when a path the memory rule allows names no file; ``memory_get`` answers it
-    with an empty page and ``missing=True``.
-
-    Attributes:
-        path: the path as the caller gave it.
-        reason: ``no such file`` or ``a parent is not a folder``.
-    """
+    """Raised when a ``path`` the memory rule allows names no file (``reason``: ``no such file``
+    or ``a parent is not a folder``); ``memory_get`` answers an empty page, ``missing=True``."""
 
     def __init__(self, path: str, reason: str = "no such file") -> None:
         self.path = path
@@ -96,17 +87,13 @@ class MemoryFileNotFoundError(MemorySearchError):
 
 
 class BackendUnavailableError(MemorySearchError):
-    """Raised when a backend cannot answer; the manager falls back on it.
+    """Raised when a ``backend`` (``qmd``, ``builtin``) cannot answer, with a one-line
+    ``reason``; the manager falls back on it."""
 
-    Attributes:
-        backend: ``qmd`` or ``builtin``.
-        reason: one line saying why.
-    """
-
-    def __init__(self, backend: str, reason: str) -> None:
+    def __init__(self, backend: str, reason: str, *, message: str | None = None) -> None:
         self.backend = backend
         self.reason = reason
-        super().__init__(f"{backend} unavailable: {reason}")
+        super().__init__(message or f"{backend} unavailable: {reason}")
 
 
 class SearchUnavailableError(BackendUnavailableError):
@@ -114,12 +101,8 @@ class SearchUnavailableError(BackendUnavailableError):
     closed): ``memory search unavailable: <provider>: <reason>``."""
 
     def __init__(self, provider: str, reason: str) -> None:
-        super().__init__("builtin", reason)
+        super().__init__("builtin", reason, message=f"memory search unavailable: {provider}: {reason}")
         self.provider = provider
-        self.args = (f"memory search unavailable: {provider}: {reason}",)
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 class BackendTimeoutError(BackendUnavailableError, TimeoutError):
@@ -144,8 +127,7 @@ class BackendTimeoutError(BackendUnavailableError, TimeoutError):
 
 
 class IndexStoreError(MemorySearchError):
-    """Raised when the store fails (subclasses in ``fallback/store/errors.py``); ``db_path``
-    is the store file."""
+    """Raised when the store fails (subclasses in ``fallback/store/errors.py``) at ``db_path``."""
 
     def __init__(self, message: str, *, db_path: str | None = None) -> None:
         self.db_path = db_path
@@ -153,14 +135,9 @@ class IndexStoreError(MemorySearchError):
 
 
 class LockTimeoutError(MemorySearchError, TimeoutError):
-    """Raised when an inter-process file lock (``fallback/fs/lock.py``) is still held by another
-    process when the wait budget runs out.
-
-    Attributes:
-        path: the lock file.
-        timeout_ms: the budget that ran out, in ms.
-        holder_pid: the pid recorded by the live holder (named in the message), or ``None``.
-    """
+    """Raised when an inter-process file lock (``fallback/fs/lock.py``) at ``path`` is still held
+    when the wait budget (``timeout_ms``) runs out; ``holder_pid``: the live holder's recorded
+    pid, or ``None``."""
 
     def __init__(self, path: str, timeout_ms: int, holder_pid: int | None) -> None:
         self.path = path
@@ -195,12 +172,8 @@ class EmbeddingProviderError(MemorySearchError):
 
 
 class EmbeddingProviderUnavailableError(EmbeddingProviderError):
-    """Raised when an embedding provider cannot be created (no API key, no model file ...).
-
-    Attributes:
-        reason: one line, e.g. ``no API key found for openai``.
-        missing_api_key: True when the only problem is a missing API key (``auto`` skips it).
-    """
+    """Raised when an embedding provider cannot be created: a one-line ``reason`` (``no API key
+    found for openai``); ``missing_api_key`` when that is the only problem (``auto`` skips it)."""
 
     def __init__(self, provider: str, reason: str, *, missing_api_key: bool = False) -> None:
         super().__init__(provider, reason)
@@ -230,14 +203,9 @@ class EmbeddingDimensionsError(EmbeddingProviderError):
 
 
 class RerankerError(MemorySearchError):
-    """Raised when the reranker stage cannot score the candidates (the search keeps the
-    fused order and warns).
-
-    Attributes:
-        provider: ``http`` or ``local``.
-        reason: one line, e.g. ``HTTP 500: model overloaded``.
-        status: HTTP status code, or ``None``.
-    """
+    """Raised when the reranker stage (``provider`` ``http`` or ``local``) cannot score the
+    candidates, the search keeping the fused order: a one-line ``reason`` (``HTTP 500: model
+    overloaded``) and the HTTP ``status`` or ``None``."""
 
     def __init__(self, provider: str, reason: str, *, status: int | None = None) -> None:
         self.provider = provider

@@ -98,12 +98,9 @@ class ReadRequest:
         """
         if not isinstance(path, str):
             raise UsageError(f"path must be a string, not {type(path).__name__}")
-        if from_line is not None and not 1 <= from_line <= MAX_LIMIT:
-            raise UsageError(f"from must be between 1 and {MAX_LIMIT}")
-        if lines is not None and not 1 <= lines <= MAX_LIMIT:
-            raise UsageError(f"lines must be between 1 and {MAX_LIMIT}")
-        if from_char is not None and not 1 <= from_char <= MAX_LIMIT:
-            raise UsageError(f"fromChar must be between 1 and {MAX_LIMIT}")
+        for name, value in (("from", from_line), ("lines", lines), ("fromChar", from_char)):
+            if value is not None and not 1 <= value <= MAX_LIMIT:
+                raise UsageError(f"{name} must be between 1 and {MAX_LIMIT}")
         return cls(path, from_line, lines, from_char)
 
 

@@ -195,7 +195,7 @@ class StoreSettings(SettingsModel):
     driver: Literal["sqlite", "postgres"] = "sqlite"
     path: str | None = None
     dsn: str | None = Field(default=None, repr=False)
-    schema_: str = Field(default="qmdbridge", alias="schema")
+    schema_: Annotated[str, AfterValidator(check_schema)] = Field(default="qmdbridge", alias="schema")
     share_with: list[str] = Field(default_factory=list)
     connect_timeout_ms: int = Field(default=5000, gt=0)
     statement_timeout_ms: int = Field(default=10000, gt=0)
@@ -206,11 +206,6 @@ class StoreSettings(SettingsModel):
     @classmethod
     def _share_with(cls, v: list[str]) -> list[str]:
         return list(dict.fromkeys(a.strip().lower() for a in v if a.strip()))
-
-    @field_validator("schema_", mode="after")
-    @classmethod
-    def _schema(cls, v: str) -> str:
-        return check_schema(v)
 
 
 class ChunkingSettings(SettingsModel):

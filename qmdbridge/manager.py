@@ -69,18 +69,9 @@ NO_QMD_EXPLAIN = "explain: qmd answered and reports no ranking trace; use --back
 
 def decorate_citations(results: list[MemorySearchResult], *, include: bool,
                        max_injected_chars: int | None = None) -> list[MemorySearchResult]:
-    """Add ``citation`` (the snippet's lines) to every hit; when ``include``, append the
-    ``Source:`` footer.
-
-    Args:
-        results: hits, best first.
-        include: whether the footer goes into the snippet.
-        max_injected_chars: total snippet budget in chars, applied after the footer (qmd,
-            spec 2.13); ``None``: no budget.
-
-    Returns:
-        New hits, cut to the budget (:func:`~qmdbridge.qmd.parse.clamp_injected`).
-    """
+    """New ``results`` (hits, best first), each with its ``citation`` (the snippet's lines) and,
+    with ``include``, the ``Source:`` footer; then cut to ``max_injected_chars`` (qmd's total
+    snippet budget in chars, spec 2.13; ``None``: none) by :func:`~qmdbridge.qmd.parse.clamp_injected`."""
     out: list[MemorySearchResult] = []
     for r in results:
         citation, snippet = cite(r.path, r.snippet_start_line, r.snippet_end_line, r.snippet,
@@ -147,7 +138,7 @@ class MemoryManager:
             raise ManagerClosedError("memory manager is closed")
 
     def _background(self) -> BackgroundTasks:
-        """The task group for a backend's ``start``; a ``full`` manager needs it open."""
+        """The task group for a backend's ``start`` (open, for a ``full`` manager)."""
         if self.mode == "full" and not self.tasks.is_open:
             raise UsageError("a long-lived (mode='full') MemoryManager runs background work: "
                              "use `async with MemoryManager(...)`")
@@ -412,8 +403,7 @@ class MemoryManager:
                 f"{end - start + 1}")) from exc
 
     def _check_enabled(self) -> None:
-        """Raise ``BackendUnavailableError`` when ``memory.backend`` is ``none``: both memory
-        tools are disabled (a request is still checked first, so a bad one stays a usage error)."""
+        """Refuse a call when ``memory.backend`` is ``none`` (after the request's own checks)."""
         if self.backend_name == "none":
             raise BackendUnavailableError("none", "memory tools are disabled (memory.backend = none)")
 

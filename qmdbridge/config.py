@@ -61,11 +61,9 @@ _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 def parse_duration_ms(value: str | int | float) -> int:
-    """Parse ``<number>[ms|s|m|h|d]`` (a bare number is minutes) into milliseconds:
-    ``"5m"`` -> 300000, ``"0s"`` -> 0.
+    """``<number>[ms|s|m|h|d]`` (a bare number: minutes) in ms: ``"5m"`` -> 300000.
 
-    Raises:
-        ValueError: the value is not a non-negative duration.
+    Raises ``ValueError``: not a non-negative duration.
     """
     if isinstance(value, bool):
         raise ValueError("a duration like '5m', '30s' or '1h'")
@@ -237,17 +235,10 @@ class AgentEntry(BaseModel):
 
 
 class OpenClawConfig(BaseModel):
-    """The parts of an OpenClaw config that qmdbridge reads.
-
-    Attributes:
-        memory: ``memory.*``.
-        defaults_memory_search: raw search defaults (merged per agent).
-        defaults_workspace / compaction: ``agents.defaults.workspace`` / ``.compaction``.
-        agents: ``agents.list[]`` then ``agents.entries.<id>``.
-        source_file: the file this came from, or ``None``.
-        defaults_key: where the search defaults are written, for messages.
-        warnings: config-wide warnings, each naming its key path (already logged).
-    """
+    """The parts of an OpenClaw config that qmdbridge reads: ``memory.*``, the raw search
+    defaults (merged per agent) and where they are written (``defaults_key``), the defaults'
+    workspace and compaction, the agents (``agents.list[]`` then ``agents.entries.<id>``), the
+    ``source_file`` (or ``None``) and the config-wide warnings, each naming its key path."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -370,8 +361,7 @@ def parse_config(data: Any, *, file: str | None = None,
     """Build an :class:`OpenClawConfig` from a parsed JSON5 document in either layout;
     warnings (``loaded_notes`` first: what loading the file noticed) are logged here, once.
 
-    Raises:
-        ConfigError: a value has the wrong type or is out of range (key path included).
+    Raises ``ConfigError``: a value has the wrong type or is out of range (key path included).
     """
     root = as_object(data, key="<root>", file=file)
     memory_raw = as_object(root.get("memory"), key="memory", file=file)
@@ -428,8 +418,7 @@ def load_config(path: str | Path | None = None, *,
     else the defaults; ``env``, default ``os.environ``, finds the state dir and the values of
     the ``${NAME}`` references in its strings: :mod:`qmdbridge.config_env`).
 
-    Raises:
-        ConfigError: a given file is missing, unreadable, not JSON5 or holds a bad value.
+    Raises ``ConfigError``: a given file is missing, unreadable, not JSON5 or holds a bad value.
     """
     import json5
 
@@ -482,8 +471,7 @@ def normalize_agent_id(agent_id: str | None, *, file: str | None = None, key: st
     """Lower-case and trim an agent id, other runs of characters -> ``-``, empty ->
     ``main`` (``"Ops Bot"`` -> ``ops-bot``); ``file``/``key`` say where it is written.
 
-    Raises:
-        ConfigError: a path separator, ``..`` or a leading ``.``.
+    Raises ``ConfigError``: a path separator, ``..`` or a leading ``.``.
     """
     raw = (agent_id or "").strip().lower()
     if "/" in raw or "\\" in raw or ".." in raw or raw.startswith("."):
@@ -497,12 +485,10 @@ def _model_path_from_config_folder(search: MemorySearchSettings,
                                    source_file: str | None) -> MemorySearchSettings:
     """A relative ``local.modelPath`` read against the config file's folder."""
     raw = (search.local.model_path or "").strip()
-    if not raw or source_file is None or raw.startswith(("~", "hf:", "http:", "https:")):
+    if (not raw or source_file is None or raw.startswith(("~", "hf:", "http:", "https:"))
+            or Path(raw).is_absolute()):
         return search
-    path = Path(raw)
-    if path.is_absolute():
-        return search
-    local = search.local.model_copy(update={"model_path": str(Path(source_file).absolute().parent / path)})
+    local = search.local.model_copy(update={"model_path": str(Path(source_file).absolute().parent / raw)})
     return search.model_copy(update={"local": local})
 
 

@@ -31,9 +31,7 @@ def normalize_session_key(key: str | None) -> str | None:
     Returns:
         The normalised key; ``None`` for a missing or blank key and for a sub-agent key.
     """
-    if key is None:
-        return None
-    trimmed = key.strip()
+    trimmed = (key or "").strip()
     if not trimmed:
         return None
     rest = session_key_rest(trimmed)
@@ -61,13 +59,7 @@ def derive_chat(key: str | None) -> tuple[str | None, str | None]:
     parts = [p for p in norm.split(":") if p]
     if len(parts) >= 2 and parts[1].lower() in _CHAT_MARKERS:
         lowered = [p.lower() for p in parts]
-        if "group" in lowered:
-            chat_type = "group"
-        elif "channel" in lowered:
-            chat_type = "channel"
-        else:
-            chat_type = "direct"
-        return chat_type, parts[0] or None
+        return next((t for t in ("group", "channel") if t in lowered), "direct"), parts[0]
     if ":group:" in norm:
         return "group", None
     if ":channel:" in norm:
@@ -132,17 +124,14 @@ def _match_for(chat_type: str | None, raw_lower: str) -> str:
 def scope_candidates(session_key: str | None, inherited_keys: Sequence[str] = ()) -> list[str]:
     """The keys the rules are evaluated for: the session key, then each inherited key, trimmed,
     blanks dropped, repeats (compared case-insensitively) dropped, first seen kept."""
-    seen: set[str] = set()
-    out: list[str] = []
+    seen: dict[str, str] = {}  # lower-cased -> as first seen
     for key in [session_key, *inherited_keys]:
-        trimmed = (key or "").strip()
-        if trimmed and trimmed.lower() not in seen:
-            seen.add(trimmed.lower())
-            out.append(trimmed)
-    return out
+        if trimmed := (key or "").strip():
+            seen.setdefault(trimmed.lower(), trimmed)
+    return list(seen.values())
 
 
-def evaluate_scope(scope: QmdScope | None, session_key: str | None, *,
+def evaluate_scope(scope: QmdScope, session_key: str | None, *,
                    inherited_keys: Sequence[str] = ()) -> ScopeDecision:
     """Apply ``memory.qmd.scope`` to a session key and the keys it inherits (spec 2.12
     steps 3-4).
@@ -153,7 +142,7 @@ def evaluate_scope(scope: QmdScope | None, session_key: str | None, *,
     else ``scope.default``. The search is allowed when any key of :func:`scope_candidates` is.
 
     Args:
-        scope: the configured scope; ``None`` allows everything.
+        scope: the configured scope.
         session_key: the raw key; ``None`` or blank without inherited keys is an owner call.
         inherited_keys: keys this session acts for (a sub-agent's parent, a thread's
             conversation), from the runtime.
@@ -168,10 +157,6 @@ def evaluate_scope(scope: QmdScope | None, session_key: str | None, *,
         return ScopeDecision(allowed=True, reason="owner call (no session key)",
                              session_key=None)
     raw = session_key if session_key is not None and session_key.strip() else None
-    if scope is None:
-        chat_type, channel = derive_chat(candidates[0])
-        return ScopeDecision(allowed=True, reason="no scope configured (allow)",
-                             chat_type=chat_type, channel=channel, session_key=raw)
     decisions = [_decide(scope, key) for key in candidates]
     first = decisions[0]
     allowing = next((d for d in decisions if d.allowed), None)

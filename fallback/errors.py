@@ -60,14 +60,9 @@ class UsageError(MemorySearchError):
 
 
 class PathRefusedError(MemorySearchError):
-    """Raised when ``memory_get`` is asked for something that is not a memory file.
-
-    Attributes:
-        path: the path as the caller gave it.
-        reason: short reason (``symlink``, ``not markdown``, ``not a memory path`` ...: the
-            list is in ``fallback/sources/read_page.py``).
-        hint: what would allow the path, or ``None``.
-    """
+    """Raised when ``memory_get`` is asked for a ``path`` that is not a memory file: a short
+    ``reason`` (``symlink``, ``not markdown`` ...: ``fallback/sources/read_page.py``) and a
+    ``hint`` saying what would allow it, or ``None``."""
 
     def __init__(self, path: str, reason: str, *, hint: str | None = None) -> None:
         self.path = path
@@ -106,15 +101,9 @@ class SearchUnavailableError(BackendUnavailableError):
 
 
 class BackendTimeoutError(BackendUnavailableError, TimeoutError):
-    """Raised when a backend call runs past its deadline:
-    ``<summary> timed out after <timeout_ms>ms (<setting>); <hint>``.
-
-    Attributes:
-        timeout_ms: the deadline that was exceeded, in ms.
-        summary: the command or operation, e.g. ``qmd search foo --json -n 6``.
-        setting: the config key of the deadline, or ``None``.
-        hint: what may have made it slow, or ``None``.
-    """
+    """Raised when a backend call (``summary``: ``qmd search foo --json -n 6``) runs past its
+    deadline: ``<summary> timed out after <timeout_ms>ms (<setting>); <hint>``, the config key
+    of the deadline (``setting``) and what may have made it slow (``hint``) when known."""
 
     def __init__(self, backend: str, summary: str, timeout_ms: int, *,
                  setting: str | None = None, hint: str | None = None) -> None:
@@ -148,15 +137,11 @@ class LockTimeoutError(MemorySearchError, TimeoutError):
 
 
 class EmbeddingProviderError(MemorySearchError):
-    """Raised when an embedding call fails; the message always contains "embedding".
-
-    Attributes:
-        provider: provider id (``openai``, ``gemini``, ``local`` ...).
-        status: HTTP status code, or ``None`` for transport or local errors.
-        retryable: True for 429, 5xx and transport errors.
-        retry_after_s: the server's Retry-After in seconds, when it sent one.
-        detail: the message without the ``<provider> embedding failed`` prefix.
-    """
+    """Raised when an embedding call of ``provider`` (``openai``, ``local`` ...) fails; the
+    message always contains "embedding", ``detail`` is it without the ``<provider> embedding
+    failed`` prefix. ``status``: the HTTP status (``None`` for transport or local errors);
+    ``retryable`` for 429, 5xx and transport errors; ``retry_after_s``: the server's
+    Retry-After in seconds, when sent."""
 
     def __init__(self, provider: str, message: str, *, status: int | None = None,
                  retryable: bool = False, retry_after_s: float | None = None) -> None:

@@ -258,31 +258,18 @@ class BackgroundStatus(_Model):
 class MemoryStatus(_Model):
     """Health and counters of one backend (or of the manager, which merges both).
 
-    Attributes:
-        backend: ``builtin`` | ``qmd`` | ``none``.
-        agent_id, workspace_dir, db_path: where it works.
-        files / chunks: indexed counts over the enabled sources.
-        dirty / dirty_reason: files changed since the last sync (or the watcher is degraded).
-        provider / requested_provider / model: embedding provider in use and as configured.
-        search_mode: ``hybrid`` | ``vector-only`` | ``fts-only`` | ``unavailable`` (a
-            configured provider cannot work) or the qmd mode.
-        provider_unavailable_reason: why no embedding provider is in use, if none is.
-        sources / extra_paths / source_counts: what is indexed.
-        roots: ``[{kind, path, pattern, exists}]``, ``kind`` ``root`` | ``memory`` | ``extra``.
-        fts: ``{enabled, available, tokenizer, error, cjk, keyword}`` (``keyword``: ``bm25``
-            or ``substring`` without FTS5).
-        vector: ``{enabled, available, mode, reason, dims, extensionPath}`` (mode
-            ``sqlite-vec`` | ``brute-force`` | ``disabled``), with a provider also ``pending``
-            chunks and the ``providerError`` that left them waiting.
-        cache: ``{enabled, entries, maxEntries}``.
-        skipped: files skipped or indexed with a caveat.
-        issues: human-readable problems.
-        last_sync_at_ms: epoch ms of the last completed sync, or ``None``.
-        fallback: set when this status is of a fallback backend.
-        healthy / last_error: False, with the one-line failure, when the backend is failing.
-        custom: backend-specific extras (qmd: binary, version, collections, breaker ...).
-        backends / background / config_warnings: the manager's status only: each backend's
-            status, its background tasks, and the config loader's warnings.
+    Beyond the plain fields: ``dirty`` means files changed since the last sync (or the watcher
+    is degraded); ``search_mode`` is ``hybrid`` | ``vector-only`` | ``fts-only`` |
+    ``unavailable`` (a configured provider cannot work) or the qmd mode; ``roots`` is
+    ``[{kind, path, pattern, exists}]`` (``kind`` ``root`` | ``memory`` | ``extra``); ``fts`` is
+    ``{enabled, available, tokenizer, error, cjk, keyword}`` (``keyword``: ``bm25``, or
+    ``substring`` without FTS5); ``vector`` is ``{enabled, available, mode, reason, dims,
+    extensionPath}`` (mode ``sqlite-vec`` | ``brute-force`` | ``disabled``), with a provider
+    also the ``pending`` chunks and the ``providerError`` that left them waiting; ``cache`` is
+    ``{enabled, entries, maxEntries}``; ``skipped`` lists files skipped or indexed with a
+    caveat; ``healthy`` is False, with the one-line ``last_error``, while the backend fails;
+    ``custom`` holds backend extras (qmd: binary, version, collections, breaker ...);
+    ``backends``, ``background`` and ``config_warnings`` are the manager's only.
     """
 
     backend: str

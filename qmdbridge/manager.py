@@ -378,11 +378,8 @@ class MemoryManager:
 
         In qmd mode ``qmd/<collection>/...`` paths are read by qmd's backend, ``sessions/<file>``
         and (on the postgres store) ``shared/<owner>/...`` by the builtin engine, other paths
-        by either.
-
-        Args:
-            corpus: ``all`` (``None``) reads memory files and session transcripts, ``memory``
-                memory files only; ``wiki`` refuses every path.
+        by either. ``corpus``: ``all`` (``None``) reads memory files and session transcripts,
+        ``memory`` memory files only; ``wiki`` refuses every path.
 
         Raises:
             PathRefusedError: not a memory file, a transcript under ``corpus`` ``memory``, or
@@ -503,9 +500,7 @@ class MemoryManager:
         """Start ``full`` mode's background work: the builtin engine's live mode and qmd's
         start-up (awaited only with ``update.waitForBootSync``).
 
-        Raises:
-            UsageError: the manager was not entered with ``async with``.
-            ManagerClosedError: the manager is closed.
+        Raises ``UsageError`` (not entered with ``async with``) or ``ManagerClosedError``.
         """
         self._check_open()
         if not self.tasks.is_open:
@@ -520,20 +515,11 @@ class MemoryManager:
 
     async def sync(self, *, reason: str = "manual", force: bool = False,
                    progress: ProgressCallback | None = None) -> SyncReport:
-        """Sync the configured backend (and the builtin index, which is the fallback).
+        """Sync the configured backend and the builtin index (the fallback), arguments as
+        :meth:`fallback.contract.MemoryBackend.sync` (``progress``: of the builtin sync); returns
+        the builtin index's :class:`~fallback.index.report.SyncReport`.
 
-        Args:
-            reason: why (logged): ``cli``, ``watch``, ``interval`` ...
-            force: full rebuild, swapped in atomically.
-            progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)`` for
-                the builtin sync.
-
-        Returns:
-            The builtin index's :class:`~fallback.index.report.SyncReport` (``full_reason``:
-            why it was rebuilt in full, or ``None``).
-
-        Raises:
-            IndexStoreError / BackendUnavailableError: the sync failed.
+        Raises ``IndexStoreError`` / ``BackendUnavailableError``: the sync failed.
         """
         self._check_open()
         require_workspace(self.agent.workspace_dir)

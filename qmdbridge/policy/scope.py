@@ -24,13 +24,9 @@ _CASE_SENSITIVE_ID_CHANNELS = ("signal", "matrix")
 
 
 def normalize_session_key(key: str | None) -> str | None:
-    """Normalise a session key for scope matching (spec 2.12 step 1): trimmed,
-    ``agent:<id>:`` stripped, lower-cased (``signal`` and ``matrix`` keys: only the first two
-    parts, so opaque ids keep their case).
-
-    Returns:
-        The normalised key; ``None`` for a missing or blank key and for a sub-agent key.
-    """
+    """A session key normalised for scope matching (spec 2.12 step 1): trimmed, ``agent:<id>:``
+    stripped, lower-cased (``signal`` and ``matrix`` keys: only the first two parts, so opaque
+    ids keep their case); ``None`` for a missing or blank key and for a sub-agent key."""
     trimmed = (key or "").strip()
     if not trimmed:
         return None
@@ -48,11 +44,7 @@ def derive_chat(key: str | None) -> tuple[str | None, str | None]:
     key's second part is ``group``, ``channel``, ``direct`` or ``dm``, the channel is the first
     part and the chat type ``group`` if any part is ``group``, else ``channel`` if any part is,
     else ``direct``; otherwise ``:group:`` / ``:channel:`` in the key decide, with no channel.
-
-    Returns:
-        ``(chat_type, channel)``, ``chat_type`` ``direct`` | ``group`` | ``channel``;
-        ``(None, None)`` without a normalised key.
-    """
+    ``(None, None)`` without a normalised key."""
     norm = normalize_session_key(key)
     if norm is None:
         return None, None
@@ -139,18 +131,11 @@ def evaluate_scope(scope: QmdScope, session_key: str | None, *,
     The first rule whose every field matches decides (``channel`` and ``chatType``, ``dm``
     meaning ``direct``, against the derived values; ``rawKeyPrefix`` against the raw key;
     ``keyPrefix`` against the normalised key, or the raw one when it starts with ``agent:``);
-    else ``scope.default``. The search is allowed when any key of :func:`scope_candidates` is.
-
-    Args:
-        scope: the configured scope.
-        session_key: the raw key; ``None`` or blank without inherited keys is an owner call.
-        inherited_keys: keys this session acts for (a sub-agent's parent, a thread's
-            conversation), from the runtime.
-
-    Returns:
-        The :class:`ScopeDecision`: ``allowed``, a ``reason`` naming the rule or default and
-        the derived values (a denial says which rule to add; ``...; inherited from <key>``
-        when an inherited key decided), that key's ``chat_type`` and ``channel``.
+    else ``scope.default``. The search is allowed when any key of :func:`scope_candidates` is:
+    the raw ``session_key`` (``None`` or blank without inherited keys: an owner call) and the
+    ``inherited_keys`` the session acts for (a sub-agent's parent, a thread's conversation).
+    The decision's ``reason`` names the rule or default and the derived values (a denial says
+    which rule to add; ``...; inherited from <key>`` when an inherited key decided).
     """
     candidates = scope_candidates(session_key, inherited_keys)
     if not candidates:

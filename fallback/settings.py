@@ -176,11 +176,7 @@ _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 def check_schema(schema: str) -> str:
     """``schema`` if it can name the postgres store's schema (``store.schema``; checked where
-    the config is read and by ``resolve_target``).
-
-    Raises:
-        ValueError: it is not a lower-case SQL identifier of at most 63 characters.
-    """
+    the config is read and by ``resolve_target``), else ``ValueError``."""
     if not _SCHEMA_RE.match(schema):
         raise ValueError("a lower-case SQL identifier (a-z, 0-9 and _, not starting with a digit,"
                          " at most 63 characters), e.g. qmdbridge")

@@ -50,17 +50,11 @@ def breaker_scope(command: str | list[str], search_mode: str, env: Mapping[str, 
 
 @dataclass
 class CircuitBreaker:
-    """Open/half-open/closed breaker with exponential cooldown.
-
-    Args:
-        path: JSON state file, or ``None`` for an in-memory breaker.
-        base_cooldown_ms / max_cooldown_ms: cooldown after the first failure and its cap (ms).
-        scope: what the failures are about; a state recorded for another scope is ignored.
-    """
+    """Open/half-open/closed breaker with exponential cooldown, its state in the JSON file
+    ``path`` (``None``: in memory); ``scope`` says what the failures are about, and a state
+    recorded for another scope is ignored."""
 
     path: Path | None = None
-    base_cooldown_ms: int = BASE_COOLDOWN_MS
-    max_cooldown_ms: int = MAX_COOLDOWN_MS
     state: BreakerState = field(default_factory=BreakerState)
     scope: str = ""
 
@@ -125,7 +119,7 @@ class CircuitBreaker:
         """Open the breaker at ``now_ms``; returns the cooldown in ms."""
         self._load()
         failures = self.state.failures + 1
-        cooldown = min(self.max_cooldown_ms, self.base_cooldown_ms * 2 ** (failures - 1))
+        cooldown = min(MAX_COOLDOWN_MS, BASE_COOLDOWN_MS * 2 ** (failures - 1))
         self.state = BreakerState(failures=failures, open_until_ms=now_ms + cooldown, scope=self.scope,
                                   last_failure=reason, last_failure_at_ms=now_ms,
                                   last_success_at_ms=self.state.last_success_at_ms)

@@ -192,16 +192,12 @@ class StoreSettings(SettingsModel):
     path: str | None = None
     dsn: str | None = Field(default=None, repr=False)
     schema_: Annotated[str, AfterValidator(check_schema)] = Field(default="qmdbridge", alias="schema")
-    share_with: list[str] = Field(default_factory=list)
+    share_with: Annotated[list[str], AfterValidator(  # trimmed, lower-cased, once each
+        lambda v: list(dict.fromkeys(a.strip().lower() for a in v if a.strip())))] = Field(default_factory=list)
     connect_timeout_ms: int = Field(default=5000, gt=0)
     statement_timeout_ms: int = Field(default=10000, gt=0)
     vector: VectorStoreSettings = Field(default_factory=VectorStoreSettings)
     fts: FtsStoreSettings = Field(default_factory=FtsStoreSettings)
-
-    @field_validator("share_with", mode="after")
-    @classmethod
-    def _share_with(cls, v: list[str]) -> list[str]:
-        return list(dict.fromkeys(a.strip().lower() for a in v if a.strip()))
 
 
 class ChunkingSettings(SettingsModel):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic.functional_validators import AfterValidator
 
 from fallback.errors import ConfigError, UsageError
 from fallback.settings import (
@@ -82,12 +83,8 @@ class QmdSessions(SettingsModel):
 
     enabled: bool = False
     export_dir: str | None = None
-    retention_days: int | None = Field(default=None, ge=0)
-
-    @field_validator("retention_days")
-    @classmethod
-    def _retention(cls, v: int | None) -> int | None:
-        return v or None  # 0: keep every transcript
+    # 0: keep every transcript (as None)
+    retention_days: Annotated[int | None, AfterValidator(lambda v: v or None)] = Field(default=None, ge=0)
 
 
 # A duration written as ``<number>[ms|s|m|h|d]`` (:func:`parse_duration_ms`), held in ms.
@@ -187,13 +184,10 @@ class MemoryConfig(SettingsModel):
     """``memory``: backend choice, citations and the qmd sidecar."""
 
     backend: Literal["builtin", "qmd", "none"] = "builtin"
-    citations: Literal["auto", "on", "off"] = "auto"
+    # any other value reads as auto (parse_config warns)
+    citations: Annotated[Literal["auto", "on", "off"],
+                         BeforeValidator(lambda v: v if v in ("auto", "on", "off") else "auto")] = "auto"
     qmd: QmdConfig = Field(default_factory=QmdConfig)
-
-    @field_validator("citations", mode="before")
-    @classmethod
-    def _citations(cls, v: Any) -> Any:
-        return v if v in ("auto", "on", "off") else "auto"
 
 
 DEFAULT_FLUSH_SYSTEM_PROMPT = (

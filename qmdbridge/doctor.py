@@ -113,10 +113,7 @@ def repair_root_memory(ws: Path, *, now: float | None = None) -> str:
     root = ws / ROOT_MEMORY_FILE
     current = root.read_bytes().decode("utf-8", errors="replace")
     section = f"{LEGACY_HEADING}\n\n{LEGACY_MARKER}\n\n{text.strip()}\n" if text.strip() else ""
-    if not current or current.endswith("\n\n"):
-        sep = ""
-    else:
-        sep = "\n" if current.endswith("\n") else "\n\n"
+    sep = "" if not current or current.endswith("\n\n") else "\n" if current.endswith("\n") else "\n\n"
     shutil.move(legacy, target)  # a copy and an unlink across file systems
     if section:
         with root.open("a", encoding="utf-8") as fh:

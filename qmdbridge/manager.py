@@ -210,10 +210,7 @@ class MemoryManager:
         fallback: FallbackInfo | None = None
         if self.backend_name == "qmd":
             async with anyio.create_task_group() as tg:
-                # Open the builtin engine while qmd runs (the process mostly waits on the child),
-                # so a fallback answer is ready right after qmd's deadline; not for a qmd search
-                # that ends before BUILTIN_PREPARE_LEAD_MS ahead of it (a fallback opens it).
-                qmd_done = anyio.Event()
+                qmd_done = anyio.Event()  # the builtin engine opens beside a slow qmd search
                 tg.start_soon(self._prepare_builtin, qmd_done)
                 answered, fallback = await self._search_qmd(request)
                 qmd_done.set()
@@ -251,10 +248,9 @@ class MemoryManager:
         if isinstance(admitted, SearchResponse):
             return admitted
         request, include, corpus = admitted
-        settled = getattr(self._builtin, "search_settled", None)
-        if self.backend_name != "builtin" or settled is None:
+        if self.backend_name != "builtin" or self._builtin is None:
             return None
-        outcome = settled(request)
+        outcome = self._builtin.search_settled(request)
         return None if outcome is None else self._builtin_answer(
             outcome, outcome.results, fallback=None, include=include, corpus=corpus)
 

@@ -287,13 +287,7 @@ def default_config_path(env: dict[str, str] | None = None) -> Path:
 
 
 def _key_path(loc: tuple[Any, ...], prefix: str) -> str:
-    parts = [prefix] if prefix else []
-    for p in loc:
-        if isinstance(p, int):
-            parts[-1:] = [f"{parts[-1]}[{p}]"] if parts else [f"[{p}]"]
-        else:
-            parts.append(str(p))
-    return ".".join(parts)
+    return (prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)).lstrip(".")
 
 
 # Parts of a pydantic error location that name a union member or validator, not a key.

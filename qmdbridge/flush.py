@@ -31,11 +31,8 @@ _DEFAULTS = CompactionSettings()  # the functions' defaults are agents.defaults.
 
 
 def _is_count(value: object) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return True
-    return isinstance(value, float) and math.isfinite(value)
+    return not isinstance(value, bool) and (
+        isinstance(value, int) or isinstance(value, float) and math.isfinite(value))
 
 
 def flush_threshold_tokens(context_window: int, *, reserve_tokens_floor: int = _DEFAULTS.reserve_tokens_floor,

@@ -74,12 +74,8 @@ class _StartedProxy:
 
 
 class BackgroundTasks:
-    """One task group for a service's background work (``async with BackgroundTasks()``).
-
-    Args:
-        policy: retry delays after failures.
-        now_ms: clock in epoch ms for the reported failure times (default wall clock).
-    """
+    """One task group for a service's background work (``async with BackgroundTasks()``):
+    ``policy`` sets the retry delays, ``now_ms`` (epoch ms) stamps the reported failures."""
 
     def __init__(self, *, policy: RetryPolicy | None = None,
                  now_ms: Callable[[], int] | None = None) -> None:
@@ -100,12 +96,8 @@ class BackgroundTasks:
         self._last_error: BackgroundError | None = None
         self._failing: dict[str, BackgroundError] = {}
 
-    # -- lifecycle ----------------------------------------------------------------------------
-
     async def __aenter__(self) -> BackgroundTasks:
-        if self._root is not self:
-            raise UsageError("a subgroup shares its parent's task group; open the parent instead")
-        if self._outer is not None or self._closed:
+        if self._outer is not None or self._closed or self._root is not self:  # a subgroup: its parent
             raise UsageError("background tasks can be opened once")
         outer = anyio.create_task_group()
         await outer.__aenter__()
@@ -165,8 +157,6 @@ class BackgroundTasks:
         if self._root is self and self._host_done is not None:
             await self._host_done.wait()
 
-    # -- starting tasks -----------------------------------------------------------------------
-
     def _check(self) -> anyio.abc.TaskGroup:
         tg = self._root._tg
         if tg is None:
@@ -201,20 +191,12 @@ class BackgroundTasks:
         return self._active[name] > 0
 
     def start_soon(self, name: str, job: Job, *, retry: bool = True, dedupe: bool = False) -> bool:
-        """Run ``job()`` in the background under supervision.
+        """Run ``job()`` (async, no arguments) in the background under supervision, as ``name``
+        (for logs and status: ``boot sync``); after a failure it runs again after the policy's
+        delay until it succeeds, unless not ``retry``; with ``dedupe``, not while a task of this
+        name runs or retries. Returns whether a task was started.
 
-        Args:
-            name: what the task does, for logs and status (``boot sync``).
-            job: an async callable with no arguments.
-            retry: after a failure, run ``job`` again after the policy's delay until it
-                succeeds (``False``: report and stop).
-            dedupe: do nothing when a task of this name is already running or retrying.
-
-        Returns:
-            Whether a task was started (``False`` when closed or deduplicated).
-
-        Raises:
-            UsageError: the group is not open.
+        Raises ``UsageError``: the group is not open.
         """
         if self._closed or self._root._closed or (dedupe and self.is_active(name)):
             return False
@@ -224,15 +206,11 @@ class BackgroundTasks:
         return True
 
     async def start(self, name: str, job: Callable[..., Awaitable[object]]) -> Any:
-        """Run ``job(task_status=...)`` in the background and wait until it calls ``started()``
-        (a failure before that is raised here; after it, supervised as :meth:`start_soon`).
+        """Run ``job(task_status=...)`` in the background, supervised as :meth:`start_soon`, and
+        return the value it passes to ``task_status.started()``.
 
-        Returns:
-            The value passed to ``task_status.started()``.
-
-        Raises:
-            UsageError: the group is not open (or this handle is closed).
-            Exception: whatever ``job`` raised before it started.
+        Raises ``UsageError`` (the group is not open, or this handle is closed), or whatever
+        ``job`` raised before it started.
         """
         tg = self._check()
         if self._closed or self._root._closed:
@@ -243,14 +221,8 @@ class BackgroundTasks:
 
     def every(self, name: str, period_ms: int, tick: Job, *, first_ms: int | None = None) -> bool:
         """Run ``tick()`` every ``period_ms`` (first after ``first_ms``, default one period); a
-        failed tick is reported and the next waits ``max(period, backoff)``.
-
-        Returns:
-            Whether the timer was started.
-
-        Raises:
-            UsageError: the group is not open.
-        """
+        failed tick is reported and the next waits ``max(period, backoff)``. Returns whether the
+        timer was started; raises ``UsageError`` when the group is not open."""
         async def loop() -> None:
             await anyio.sleep((period_ms if first_ms is None else first_ms) / 1000)
             while await self._until_done(name, tick, lambda failures: max(
@@ -278,10 +250,7 @@ class BackgroundTasks:
                           status: _StartedProxy | None = None) -> bool:
         """Run ``call()`` until it succeeds, each failure reported and retried after
         ``delay_ms(failures in a row)`` ms (``None``: not retried); False when the owner closed.
-
-        Raises:
-            Exception: what ``call`` raised before ``status.started()`` was called.
-        """
+        Raises what ``call`` raised before ``status.started()`` was called."""
         failures = 0
         while True:
             try:
@@ -305,8 +274,6 @@ class BackgroundTasks:
     async def _supervise_started(self, name: str, job: Callable[..., Awaitable[object]], *,
                                  task_status: anyio.abc.TaskStatus[Any]) -> None:
         await self._supervise(name, job, True, _StartedProxy(task_status))
-
-    # -- reporting ----------------------------------------------------------------------------
 
     def report(self, name: str, exc: BaseException, *, failures: int,
                retry_in_ms: int | None) -> BackgroundError:

@@ -54,40 +54,26 @@ class MemoryBackend(Protocol):
     name: str
 
     async def start(self, tasks: BackgroundTasks) -> None:
-        """Do the start-up work and begin background work through ``tasks``, the manager's
-        task group (called once, before first use; never under a search deadline).
+        """Do the start-up work and begin background work in ``tasks``, the manager's task
+        group (once, before first use, never under a search deadline).
 
-        Raises:
-            ManagerClosedError: the backend is closed.
-            BackendUnavailableError: the backend cannot be started at all.
+        Raises ``ManagerClosedError`` (closed) or ``BackendUnavailableError`` (cannot start).
         """
         ...
 
     async def prepare(self) -> None:
         """Do the cheap local work a first search needs, so a fallback answer is ready at once
-        (spawns no process).
-
-        Raises:
-            IndexStoreError / BackendUnavailableError: it cannot be prepared.
-        """
+        (spawns no process). Raises ``IndexStoreError`` / ``BackendUnavailableError``."""
         ...
 
     async def search(self, request: SearchRequest, *, sync_budget_ms: int | None = None,
                      progress: ProgressCallback | None = None) -> SearchOutcome:
-        """Search; hits best first with the notes, mode and provider the answer reports.
+        """Answer the checked ``request`` (``None`` limits: the backend's defaults; scope is the
+        manager's) with every :class:`SearchOutcome` field set; ``sync_budget_ms``: longest wait
+        in ms for a pre-search index refresh (``None``: the backend's default); ``progress``:
+        of that refresh (qmd ignores it).
 
-        Args:
-            request: the checked :class:`~fallback.request.SearchRequest` (``None`` limits:
-                the backend's defaults; scope rules are the manager's).
-            sync_budget_ms: longest wait in ms for a pre-search index refresh (``None``: the
-                backend's default).
-            progress: progress of a pre-search sync (qmd ignores it).
-
-        Returns:
-            :class:`SearchOutcome`, every field set.
-
-        Raises:
-            BackendUnavailableError: the backend cannot answer.
+        Raises ``BackendUnavailableError``: the backend cannot answer.
         """
         ...
 
@@ -96,29 +82,21 @@ class MemoryBackend(Protocol):
         """Read a memory file page (``missing=True`` and empty text for an absent one) from
         code point ``from_char`` of line ``from_line`` (``read_page.page_text``).
 
-        Raises:
-            PathRefusedError: not a memory file.
+        Raises ``PathRefusedError``: not a memory file.
         """
         ...
 
     async def status(self) -> MemoryStatus:
-        """Counters and health of this backend (``MemoryStatus``)."""
+        """Counters and health of this backend."""
         ...
 
     async def sync(self, *, reason: str, force: bool = False,
                    progress: ProgressCallback | None = None) -> object:
-        """Bring the index up to date (``force``: full rebuild, swapped in atomically).
+        """Bring the index up to date (``reason``: ``cli``, ``watch`` ..., for logs; ``force``: a
+        full rebuild, swapped in atomically; ``progress``: qmd ignores it) and return the
+        backend's own report, which the manager does not read.
 
-        Args:
-            reason: why (``cli``, ``watch``, ``interval`` ...), for logs.
-            force: full rebuild.
-            progress: progress of this sync (qmd ignores it).
-
-        Returns:
-            The backend's own report, which the manager does not read.
-
-        Raises:
-            IndexStoreError / BackendUnavailableError: the sync failed.
+        Raises ``IndexStoreError`` / ``BackendUnavailableError``: the sync failed.
         """
         ...
 

@@ -39,13 +39,9 @@ class MemorySearchError(Exception):
 
 
 class ConfigError(MemorySearchError):
-    """Raised when a config file cannot be parsed or a value is invalid.
-
-    Attributes:
-        file: the config file path (``None`` for values from code or flags).
-        key: dotted key path, e.g. ``memory.qmd.limits.timeoutMs`` (``None``: a syntax error).
-        expected: what the value should have been, in words.
-    """
+    """Raised when a config file cannot be parsed or a value is invalid: ``file`` (``None`` for
+    values from code or flags), the dotted ``key`` (``memory.qmd.limits.timeoutMs``; ``None``: a
+    syntax error) and what was ``expected``, in words."""
 
     def __init__(self, message: str, *, file: str | None = None, key: str | None = None,
                  expected: str | None = None) -> None:
@@ -64,14 +60,9 @@ class UsageError(MemorySearchError):
 
 
 class PathRefusedError(MemorySearchError):
-    """Raised when ``memory_get`` is asked for something that is not a memory file.
-
-    Attributes:
-        path: the path as the caller gave it.
-        reason: short reason (``symlink``, ``not markdown``, ``not a memory path`` ...: the
-            list is in ``fallback/sources/read_page.py``).
-        hint: what would allow the path, or ``None``.
-    """
+    """Raised when ``memory_get`` is asked for a ``path`` that is not a memory file: a short
+    ``reason`` (``symlink``, ``not markdown`` ...: ``fallback/sources/read_page.py``) and a
+    ``hint`` saying what would allow it, or ``None``."""
 
     def __init__(self, path: str, reason: str, *, hint: str | None = None) -> None:
         self.path = path
@@ -81,13 +72,8 @@ class PathRefusedError(MemorySearchError):
 
 
 class MemoryFileNotFoundError(MemorySearchError):
-    """Raised when a path the memory rule allows names no file; ``memory_get`` answers it
-    with an empty page and ``missing=True``.
-
-    Attributes:
-        path: the path as the caller gave it.
-        reason: ``no such file`` or ``a parent is not a folder``.
-    """
+    """Raised when a ``path`` the memory rule allows names no file (``reason``: ``no such file``
+    or ``a parent is not a folder``); ``memory_get`` answers an empty page, ``missing=True``."""
 
     def __init__(self, path: str, reason: str = "no such file") -> None:
         self.path = path
@@ -96,17 +82,13 @@ class MemoryFileNotFoundError(MemorySearchError):
 
 
 class BackendUnavailableError(MemorySearchError):
-    """Raised when a backend cannot answer; the manager falls back on it.
+    """Raised when a ``backend`` (``qmd``, ``builtin``) cannot answer, with a one-line
+    ``reason``; the manager falls back on it."""
 
-    Attributes:
-        backend: ``qmd`` or ``builtin``.
-        reason: one line saying why.
-    """
-
-    def __init__(self, backend: str, reason: str) -> None:
+    def __init__(self, backend: str, reason: str, *, message: str | None = None) -> None:
         self.backend = backend
         self.reason = reason
-        super().__init__(f"{backend} unavailable: {reason}")
+        super().__init__(message or f"{backend} unavailable: {reason}")
 
 
 class SearchUnavailableError(BackendUnavailableError):
@@ -114,24 +96,14 @@ class SearchUnavailableError(BackendUnavailableError):
     closed): ``memory search unavailable: <provider>: <reason>``."""
 
     def __init__(self, provider: str, reason: str) -> None:
-        super().__init__("builtin", reason)
+        super().__init__("builtin", reason, message=f"memory search unavailable: {provider}: {reason}")
         self.provider = provider
-        self.args = (f"memory search unavailable: {provider}: {reason}",)
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 class BackendTimeoutError(BackendUnavailableError, TimeoutError):
-    """Raised when a backend call runs past its deadline:
-    ``<summary> timed out after <timeout_ms>ms (<setting>); <hint>``.
-
-    Attributes:
-        timeout_ms: the deadline that was exceeded, in ms.
-        summary: the command or operation, e.g. ``qmd search foo --json -n 6``.
-        setting: the config key of the deadline, or ``None``.
-        hint: what may have made it slow, or ``None``.
-    """
+    """Raised when a backend call (``summary``: ``qmd search foo --json -n 6``) runs past its
+    deadline: ``<summary> timed out after <timeout_ms>ms (<setting>); <hint>``, the config key
+    of the deadline (``setting``) and what may have made it slow (``hint``) when known."""
 
     def __init__(self, backend: str, summary: str, timeout_ms: int, *,
                  setting: str | None = None, hint: str | None = None) -> None:
@@ -144,8 +116,7 @@ class BackendTimeoutError(BackendUnavailableError, TimeoutError):
 
 
 class IndexStoreError(MemorySearchError):
-    """Raised when the store fails (subclasses in ``fallback/store/errors.py``); ``db_path``
-    is the store file."""
+    """Raised when the store fails (subclasses in ``fallback/store/errors.py``) at ``db_path``."""
 
     def __init__(self, message: str, *, db_path: str | None = None) -> None:
         self.db_path = db_path
@@ -153,14 +124,9 @@ class IndexStoreError(MemorySearchError):
 
 
 class LockTimeoutError(MemorySearchError, TimeoutError):
-    """Raised when an inter-process file lock (``fallback/fs/lock.py``) is still held by another
-    process when the wait budget runs out.
-
-    Attributes:
-        path: the lock file.
-        timeout_ms: the budget that ran out, in ms.
-        holder_pid: the pid recorded by the live holder (named in the message), or ``None``.
-    """
+    """Raised when an inter-process file lock (``fallback/fs/lock.py``) at ``path`` is still held
+    when the wait budget (``timeout_ms``) runs out; ``holder_pid``: the live holder's recorded
+    pid, or ``None``."""
 
     def __init__(self, path: str, timeout_ms: int, holder_pid: int | None) -> None:
         self.path = path
@@ -171,15 +137,11 @@ class LockTimeoutError(MemorySearchError, TimeoutError):
 
 
 class EmbeddingProviderError(MemorySearchError):
-    """Raised when an embedding call fails; the message always contains "embedding".
-
-    Attributes:
-        provider: provider id (``openai``, ``gemini``, ``local`` ...).
-        status: HTTP status code, or ``None`` for transport or local errors.
-        retryable: True for 429, 5xx and transport errors.
-        retry_after_s: the server's Retry-After in seconds, when it sent one.
-        detail: the message without the ``<provider> embedding failed`` prefix.
-    """
+    """Raised when an embedding call of ``provider`` (``openai``, ``local`` ...) fails; the
+    message always contains "embedding", ``detail`` is it without the ``<provider> embedding
+    failed`` prefix. ``status``: the HTTP status (``None`` for transport or local errors);
+    ``retryable`` for 429, 5xx and transport errors; ``retry_after_s``: the server's
+    Retry-After in seconds, when sent."""
 
     def __init__(self, provider: str, message: str, *, status: int | None = None,
                  retryable: bool = False, retry_after_s: float | None = None) -> None:
@@ -195,12 +157,8 @@ class EmbeddingProviderError(MemorySearchError):
 
 
 class EmbeddingProviderUnavailableError(EmbeddingProviderError):
-    """Raised when an embedding provider cannot be created (no API key, no model file ...).
-
-    Attributes:
-        reason: one line, e.g. ``no API key found for openai``.
-        missing_api_key: True when the only problem is a missing API key (``auto`` skips it).
-    """
+    """Raised when an embedding provider cannot be created: a one-line ``reason`` (``no API key
+    found for openai``); ``missing_api_key`` when that is the only problem (``auto`` skips it)."""
 
     def __init__(self, provider: str, reason: str, *, missing_api_key: bool = False) -> None:
         super().__init__(provider, reason)
@@ -230,14 +188,9 @@ class EmbeddingDimensionsError(EmbeddingProviderError):
 
 
 class RerankerError(MemorySearchError):
-    """Raised when the reranker stage cannot score the candidates (the search keeps the
-    fused order and warns).
-
-    Attributes:
-        provider: ``http`` or ``local``.
-        reason: one line, e.g. ``HTTP 500: model overloaded``.
-        status: HTTP status code, or ``None``.
-    """
+    """Raised when the reranker stage (``provider`` ``http`` or ``local``) cannot score the
+    candidates, the search keeping the fused order: a one-line ``reason`` (``HTTP 500: model
+    overloaded``) and the HTTP ``status`` or ``None``."""
 
     def __init__(self, provider: str, reason: str, *, status: int | None = None) -> None:
         self.provider = provider

@@ -10,7 +10,6 @@ Source: the GGUF file format (ggml, ``docs/gguf.md``).
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 from typing import BinaryIO
 
@@ -38,16 +37,13 @@ def _read(fh: BinaryIO, n: int) -> bytes:
     return data
 
 
-def _u32(fh: BinaryIO) -> int:
-    return int(struct.unpack("<I", _read(fh, 4))[0])
-
-
-def _u64(fh: BinaryIO) -> int:
-    return int(struct.unpack("<Q", _read(fh, 8))[0])
+def _uint(fh: BinaryIO, size: int) -> int:
+    """The next little-endian unsigned integer of ``size`` bytes."""
+    return int.from_bytes(_read(fh, size), "little")
 
 
 def _count(fh: BinaryIO) -> int:
-    n = _u64(fh)
+    n = _uint(fh, 8)
     if n > _MAX_COUNT:
         raise ValueError(f"implausible count {n}")
     return n
@@ -67,7 +63,7 @@ def _value(fh: BinaryIO, kind: int) -> int | None:
         _string(fh)
         return None
     if kind == _ARRAY:
-        item, n = _u32(fh), _count(fh)
+        item, n = _uint(fh, 4), _count(fh)
         if item in _FIXED:
             _read(fh, _FIXED[item] * n)
         else:
@@ -91,20 +87,20 @@ def gguf_problem(path: Path) -> str | None:
         if fh.read(len(GGUF_MAGIC)) != GGUF_MAGIC:
             return "not a GGUF file"
         try:
-            _u32(fh)  # version
+            _uint(fh, 4)  # version
             tensors, kvs = _count(fh), _count(fh)
             alignment = DEFAULT_ALIGNMENT
             for _ in range(kvs):
-                key, kind = _string(fh), _u32(fh)
+                key, kind = _string(fh), _uint(fh, 4)
                 value = _value(fh, kind)
                 if key == b"general.alignment" and value:
                     alignment = value
             last = 0
             for _ in range(tensors):
                 _string(fh)
-                dims = _u32(fh)
+                dims = _uint(fh, 4)
                 _read(fh, 8 * dims + 4)  # the dimensions, the tensor type
-                last = max(last, _u64(fh))
+                last = max(last, _uint(fh, 8))
             start = -(-fh.tell() // alignment) * alignment
         except _Truncated:
             return "truncated (the header ends early)"

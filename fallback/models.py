@@ -127,21 +127,12 @@ class HitExplain(_Model):
 
 
 class MemorySearchResult(_Model):
-    """One search hit.
-
-    Attributes:
-        path: workspace-relative path of the file.
-        start_line / end_line: 1-based inclusive line range of the chunk (JSONL lines for a
-            session transcript).
-        score: relevance in ``[0, 1]``, higher is better.
-        snippet: the text shown, at most ``maxSnippetChars`` code points.
-        snippet_start_line / snippet_end_line: the snippet's lines inside the hit's range
-            (the hit's range when a backend gives none); citations point at them.
-        source: ``memory`` or ``sessions``.
-        citation: ``path#La-Lb`` (``path#La`` for one line); set by the manager.
-        vector_score / text_score: hybrid components, when merged.
-        explain: the ranking trace, only when asked (``search --explain``).
-    """
+    """One search hit: the file's ``path``, the chunk's lines ``start_line``..``end_line`` (JSONL
+    lines for a session transcript), ``score``, the ``snippet`` (at most ``maxSnippetChars``
+    code points) and its lines inside the hit's range (the hit's range when a backend gives
+    none; citations point at them), ``source``, ``citation`` (``path#La-Lb``, ``path#La`` for one
+    line; set by the manager), the hybrid components when merged and the ranking trace
+    (``explain``) only when asked."""
 
     path: str
     start_line: int = Field(ge=1)
@@ -171,18 +162,11 @@ class MemorySearchResult(_Model):
 
 
 class MemoryReadResult(_Model):
-    """The answer of ``memory_get``.
-
-    Attributes:
-        path: the workspace-relative path that was read.
-        text: the selected lines as the file has them (plus a continuation notice when
-            truncated); empty for a missing file.
-        from_line: first line returned (1-based); JSON key ``from``.
-        lines: number of file lines included.
-        truncated: True when lines remain or the page was cut to the char budget.
-        next_from: the ``from`` to pass to continue, or ``None``.
-        missing: True when the file does not exist.
-    """
+    """The answer of ``memory_get``: the ``path`` read, its ``text`` (the selected lines as the
+    file has them, plus a continuation notice when ``truncated``: lines remain or the page was
+    cut to the char budget; empty when the file is ``missing``), the first line returned
+    (``from_line``, JSON key ``from``), the number of ``lines`` included and the ``from`` to pass
+    to continue (``next_from``, else ``None``)."""
 
     path: str
     text: str
@@ -221,20 +205,12 @@ class ScopeDecision(_Model):
 
 
 class SearchResponse(_Model):
-    """What ``MemoryManager.search`` returns: the hits plus where they came from.
-
-    Attributes:
-        backend: ``builtin`` | ``qmd`` | ``none``.
-        fallback: set when the configured backend could not answer.
-        provider / model: embedding provider and model (``none`` / ``None`` keyword-only).
-        mode: ``hybrid`` | ``vector-only`` | ``fts-only`` (builtin) or ``search`` |
-            ``vsearch`` | ``query`` (qmd).
-        citations: the citations mode in effect (``auto`` | ``on`` | ``off``).
-        results: the hits, best first.
-        denied: set (with no results) when scope rules refused the search.
-        warnings: non-fatal notes.
-        corpus: ``memory`` | ``sessions`` | ``all`` | ``wiki``.
-    """
+    """What ``MemoryManager.search`` returns: the hits (``results``, best first) and where they
+    came from: the ``backend`` (``builtin`` | ``qmd`` | ``none``), the ``fallback`` when the
+    configured one could not answer, the embedding ``provider`` and ``model`` (``none`` /
+    ``None``: keyword-only), the ``mode`` (``hybrid`` | ``vector-only`` | ``fts-only``, or qmd's
+    ``search`` | ``vsearch`` | ``query``), the ``citations`` mode in effect, ``denied`` (with no
+    results) when scope refused, non-fatal ``warnings`` and the ``corpus``."""
 
     backend: str
     fallback: FallbackInfo | None = None
@@ -282,31 +258,18 @@ class BackgroundStatus(_Model):
 class MemoryStatus(_Model):
     """Health and counters of one backend (or of the manager, which merges both).
 
-    Attributes:
-        backend: ``builtin`` | ``qmd`` | ``none``.
-        agent_id, workspace_dir, db_path: where it works.
-        files / chunks: indexed counts over the enabled sources.
-        dirty / dirty_reason: files changed since the last sync (or the watcher is degraded).
-        provider / requested_provider / model: embedding provider in use and as configured.
-        search_mode: ``hybrid`` | ``vector-only`` | ``fts-only`` | ``unavailable`` (a
-            configured provider cannot work) or the qmd mode.
-        provider_unavailable_reason: why no embedding provider is in use, if none is.
-        sources / extra_paths / source_counts: what is indexed.
-        roots: ``[{kind, path, pattern, exists}]``, ``kind`` ``root`` | ``memory`` | ``extra``.
-        fts: ``{enabled, available, tokenizer, error, cjk, keyword}`` (``keyword``: ``bm25``
-            or ``substring`` without FTS5).
-        vector: ``{enabled, available, mode, reason, dims, extensionPath}`` (mode
-            ``sqlite-vec`` | ``brute-force`` | ``disabled``), with a provider also ``pending``
-            chunks and the ``providerError`` that left them waiting.
-        cache: ``{enabled, entries, maxEntries}``.
-        skipped: files skipped or indexed with a caveat.
-        issues: human-readable problems.
-        last_sync_at_ms: epoch ms of the last completed sync, or ``None``.
-        fallback: set when this status is of a fallback backend.
-        healthy / last_error: False, with the one-line failure, when the backend is failing.
-        custom: backend-specific extras (qmd: binary, version, collections, breaker ...).
-        backends / background / config_warnings: the manager's status only: each backend's
-            status, its background tasks, and the config loader's warnings.
+    Beyond the plain fields: ``dirty`` means files changed since the last sync (or the watcher
+    is degraded); ``search_mode`` is ``hybrid`` | ``vector-only`` | ``fts-only`` |
+    ``unavailable`` (a configured provider cannot work) or the qmd mode; ``roots`` is
+    ``[{kind, path, pattern, exists}]`` (``kind`` ``root`` | ``memory`` | ``extra``); ``fts`` is
+    ``{enabled, available, tokenizer, error, cjk, keyword}`` (``keyword``: ``bm25``, or
+    ``substring`` without FTS5); ``vector`` is ``{enabled, available, mode, reason, dims,
+    extensionPath}`` (mode ``sqlite-vec`` | ``brute-force`` | ``disabled``), with a provider
+    also the ``pending`` chunks and the ``providerError`` that left them waiting; ``cache`` is
+    ``{enabled, entries, maxEntries}``; ``skipped`` lists files skipped or indexed with a
+    caveat; ``healthy`` is False, with the one-line ``last_error``, while the backend fails;
+    ``custom`` holds backend extras (qmd: binary, version, collections, breaker ...);
+    ``backends``, ``background`` and ``config_warnings`` are the manager's only.
     """
 
     backend: str

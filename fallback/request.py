@@ -19,16 +19,10 @@ MAX_LIMIT = 2**31 - 1
 
 @dataclass(frozen=True)
 class SearchRequest:
-    """One ``memory_search`` request, as checked by :meth:`of`.
-
-    Attributes:
-        query: the query, stripped, never empty.
-        max_results: hits wanted, ``1..MAX_LIMIT``, or ``None`` (the backend's default).
-        min_score: score floor in ``[0, 1]``, or ``None`` (the backend's default).
-        session_key: the caller's session key (``None``: owner call).
-        sources: the sources asked for (``memory``, ``sessions``), or ``None`` for all.
-        explain: attach the ranking trace to every hit where the backend has one.
-    """
+    """One ``memory_search`` request, as checked by :meth:`of`: the ``query`` (stripped, never
+    empty), hits wanted (``1..MAX_LIMIT``) and score floor (``[0, 1]``), each ``None`` for the
+    backend's default, the ``session_key`` (``None``: owner call), the ``sources`` asked for
+    (``None``: all) and whether to ``explain`` (attach the ranking trace where there is one)."""
 
     query: str
     max_results: int | None = None
@@ -41,11 +35,10 @@ class SearchRequest:
     def of(cls, query: object, *, max_results: int | None = None, min_score: float | None = None,
            session_key: object = None, sources: Sequence[str] | None = None,
            explain: bool = False) -> SearchRequest:
-        """The request of a caller's arguments (the one check of them; fields as above).
+        """The request of a caller's arguments (the one check of them).
 
-        Raises:
-            UsageError: ``query must be a string, not <type>``, ``query must not be empty``,
-                ``session key must be a string``, or as :func:`check_limits`.
+        Raises ``UsageError``: ``query must be a string, not <type>``, ``query must not be
+        empty``, ``session key must be a string``, or as :func:`check_limits`.
         """
         if not isinstance(query, str):
             raise UsageError(f"query must be a string, not {type(query).__name__}")
@@ -71,16 +64,11 @@ def check_limits(*, max_results: int | None, min_score: float | None) -> None:
 
 @dataclass(frozen=True)
 class ReadRequest:
-    """One ``memory_get`` request, as checked by :meth:`of` (whether the path is a memory file
-    is the memory-file rule's, ``fallback/sources/read_page.py``).
-
-    Attributes:
-        path: the path as the caller gave it.
-        from_line: first line, 1-based, ``1..MAX_LIMIT``, or ``None`` (line 1).
-        lines: lines wanted, ``1..MAX_LIMIT``, or ``None`` (the page default).
-        from_char: the code point of line ``from_line`` the page starts at, ``1..MAX_LIMIT``,
-            or ``None`` (1): how a line longer than the page's char budget is read on.
-    """
+    """One ``memory_get`` request, as checked by :meth:`of`: the ``path`` as given (whether it
+    is a memory file is ``fallback/sources/read_page.py``'s rule), the first line
+    (``from_line``), the ``lines`` wanted and the code point of line ``from_line`` the page
+    starts at (``from_char``: how a line longer than the page's char budget is read on), each
+    ``1..MAX_LIMIT`` or ``None`` (line 1, the page default, code point 1)."""
 
     path: str
     from_line: int | None = None
@@ -92,18 +80,14 @@ class ReadRequest:
            lines: int | None = None, from_char: int | None = None) -> ReadRequest:
         """The request of a caller's arguments (the one check of them).
 
-        Raises:
-            UsageError: ``path must be a string, not <type>``, ``from must be between 1 and
-                2147483647``, ``lines must be ...`` or ``fromChar must be ...``.
+        Raises ``UsageError``: ``path must be a string, not <type>``, ``from must be between 1
+        and 2147483647``, ``lines must be ...`` or ``fromChar must be ...``.
         """
         if not isinstance(path, str):
             raise UsageError(f"path must be a string, not {type(path).__name__}")
-        if from_line is not None and not 1 <= from_line <= MAX_LIMIT:
-            raise UsageError(f"from must be between 1 and {MAX_LIMIT}")
-        if lines is not None and not 1 <= lines <= MAX_LIMIT:
-            raise UsageError(f"lines must be between 1 and {MAX_LIMIT}")
-        if from_char is not None and not 1 <= from_char <= MAX_LIMIT:
-            raise UsageError(f"fromChar must be between 1 and {MAX_LIMIT}")
+        for name, value in (("from", from_line), ("lines", lines), ("fromChar", from_char)):
+            if value is not None and not 1 <= value <= MAX_LIMIT:
+                raise UsageError(f"{name} must be between 1 and {MAX_LIMIT}")
         return cls(path, from_line, lines, from_char)
 
 
@@ -124,9 +108,8 @@ def require_workspace(workspace_dir: Path) -> None:
     """Refuse a workspace that is not a folder: a caller's mistake, not an empty memory (a sync
     of it would empty the index, and ``status`` would create a store for nothing).
 
-    Raises:
-        UsageError: ``workspace does not exist: <path> (create it, pass --workspace or set
-            agents.defaults.workspace)`` (``is not a directory`` for a file, without ``create it``).
+    Raises ``UsageError``: ``workspace does not exist: <path> (create it, pass --workspace or
+    set agents.defaults.workspace)`` (``is not a directory`` for a file, without ``create it``).
     """
     if not workspace_dir.is_dir():
         exists = workspace_dir.exists()

@@ -176,11 +176,7 @@ _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 def check_schema(schema: str) -> str:
     """``schema`` if it can name the postgres store's schema (``store.schema``; checked where
-    the config is read and by ``resolve_target``).
-
-    Raises:
-        ValueError: it is not a lower-case SQL identifier of at most 63 characters.
-    """
+    the config is read and by ``resolve_target``), else ``ValueError``."""
     if not _SCHEMA_RE.match(schema):
         raise ValueError("a lower-case SQL identifier (a-z, 0-9 and _, not starting with a digit,"
                          " at most 63 characters), e.g. qmdbridge")
@@ -195,22 +191,13 @@ class StoreSettings(SettingsModel):
     driver: Literal["sqlite", "postgres"] = "sqlite"
     path: str | None = None
     dsn: str | None = Field(default=None, repr=False)
-    schema_: str = Field(default="qmdbridge", alias="schema")
-    share_with: list[str] = Field(default_factory=list)
+    schema_: Annotated[str, AfterValidator(check_schema)] = Field(default="qmdbridge", alias="schema")
+    share_with: Annotated[list[str], AfterValidator(  # trimmed, lower-cased, once each
+        lambda v: list(dict.fromkeys(a.strip().lower() for a in v if a.strip())))] = Field(default_factory=list)
     connect_timeout_ms: int = Field(default=5000, gt=0)
     statement_timeout_ms: int = Field(default=10000, gt=0)
     vector: VectorStoreSettings = Field(default_factory=VectorStoreSettings)
     fts: FtsStoreSettings = Field(default_factory=FtsStoreSettings)
-
-    @field_validator("share_with", mode="after")
-    @classmethod
-    def _share_with(cls, v: list[str]) -> list[str]:
-        return list(dict.fromkeys(a.strip().lower() for a in v if a.strip()))
-
-    @field_validator("schema_", mode="after")
-    @classmethod
-    def _schema(cls, v: str) -> str:
-        return check_schema(v)
 
 
 class ChunkingSettings(SettingsModel):

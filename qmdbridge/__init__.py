@@ -35,18 +35,8 @@ __all__ = [
     "resolve_agent",
 ]
 
-# Where each public name is defined, by module.
-_WHERE = {
-    "fallback.errors": ("BackendTimeoutError", "BackendUnavailableError", "ConfigError",
-                        "EmbeddingProviderError", "IndexStoreError", "ManagerClosedError",
-                        "MemoryFileNotFoundError", "MemorySearchError", "PathRefusedError", "UsageError"),
-    "fallback.models": ("FallbackInfo", "MemoryReadResult", "MemorySearchResult", "MemoryStatus",
-                        "SearchResponse"),
-    "qmdbridge.manager": ("BlockingMemoryManager", "MemoryManager"),
-    "qmdbridge.config": ("ResolvedAgent", "load_config", "resolve_agent"),
-    "qmdbridge.tools": ("MEMORY_GET_SCHEMA", "MEMORY_SEARCH_SCHEMA", "handle_memory_get",
-                        "handle_memory_search"),
-}
+# The modules that define the public names, searched in this order (the lightest first).
+_MODULES = ("fallback.errors", "fallback.models", "qmdbridge.config", "qmdbridge.manager", "qmdbridge.tools")
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
@@ -81,12 +71,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def __getattr__(name: str) -> Any:
-    module = next((m for m, names in _WHERE.items() if name in names), None)
-    if module is None:
+    if name not in __all__:
         raise AttributeError(f"module 'qmdbridge' has no attribute {name!r}")
     from importlib import import_module  # here, not at the top: `qmdbridge search` imports this package
 
-    value = getattr(import_module(module), name)
+    value = next(getattr(m, name) for m in map(import_module, _MODULES) if hasattr(m, name))
     globals()[name] = value
     return value
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic.functional_validators import AfterValidator
 
 from fallback.errors import ConfigError, UsageError
 from fallback.settings import (
@@ -61,11 +62,9 @@ _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 def parse_duration_ms(value: str | int | float) -> int:
-    """Parse ``<number>[ms|s|m|h|d]`` (a bare number is minutes) into milliseconds:
-    ``"5m"`` -> 300000, ``"0s"`` -> 0.
+    """``<number>[ms|s|m|h|d]`` (a bare number: minutes) in ms: ``"5m"`` -> 300000.
 
-    Raises:
-        ValueError: the value is not a non-negative duration.
+    Raises ``ValueError``: not a non-negative duration.
     """
     if isinstance(value, bool):
         raise ValueError("a duration like '5m', '30s' or '1h'")
@@ -84,12 +83,8 @@ class QmdSessions(SettingsModel):
 
     enabled: bool = False
     export_dir: str | None = None
-    retention_days: int | None = Field(default=None, ge=0)
-
-    @field_validator("retention_days")
-    @classmethod
-    def _retention(cls, v: int | None) -> int | None:
-        return v or None  # 0: keep every transcript
+    # 0: keep every transcript (as None)
+    retention_days: Annotated[int | None, AfterValidator(lambda v: v or None)] = Field(default=None, ge=0)
 
 
 # A duration written as ``<number>[ms|s|m|h|d]`` (:func:`parse_duration_ms`), held in ms.
@@ -189,13 +184,10 @@ class MemoryConfig(SettingsModel):
     """``memory``: backend choice, citations and the qmd sidecar."""
 
     backend: Literal["builtin", "qmd", "none"] = "builtin"
-    citations: Literal["auto", "on", "off"] = "auto"
+    # any other value reads as auto (parse_config warns)
+    citations: Annotated[Literal["auto", "on", "off"],
+                         BeforeValidator(lambda v: v if v in ("auto", "on", "off") else "auto")] = "auto"
     qmd: QmdConfig = Field(default_factory=QmdConfig)
-
-    @field_validator("citations", mode="before")
-    @classmethod
-    def _citations(cls, v: Any) -> Any:
-        return v if v in ("auto", "on", "off") else "auto"
 
 
 DEFAULT_FLUSH_SYSTEM_PROMPT = (
@@ -237,17 +229,10 @@ class AgentEntry(BaseModel):
 
 
 class OpenClawConfig(BaseModel):
-    """The parts of an OpenClaw config that qmdbridge reads.
-
-    Attributes:
-        memory: ``memory.*``.
-        defaults_memory_search: raw search defaults (merged per agent).
-        defaults_workspace / compaction: ``agents.defaults.workspace`` / ``.compaction``.
-        agents: ``agents.list[]`` then ``agents.entries.<id>``.
-        source_file: the file this came from, or ``None``.
-        defaults_key: where the search defaults are written, for messages.
-        warnings: config-wide warnings, each naming its key path (already logged).
-    """
+    """The parts of an OpenClaw config that qmdbridge reads: ``memory.*``, the raw search
+    defaults (merged per agent) and where they are written (``defaults_key``), the defaults'
+    workspace and compaction, the agents (``agents.list[]`` then ``agents.entries.<id>``), the
+    ``source_file`` (or ``None``) and the config-wide warnings, each naming its key path."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -302,13 +287,7 @@ def default_config_path(env: dict[str, str] | None = None) -> Path:
 
 
 def _key_path(loc: tuple[Any, ...], prefix: str) -> str:
-    parts = [prefix] if prefix else []
-    for p in loc:
-        if isinstance(p, int):
-            parts[-1:] = [f"{parts[-1]}[{p}]"] if parts else [f"[{p}]"]
-        else:
-            parts.append(str(p))
-    return ".".join(parts)
+    return (prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)).lstrip(".")
 
 
 # Parts of a pydantic error location that name a union member or validator, not a key.
@@ -370,8 +349,7 @@ def parse_config(data: Any, *, file: str | None = None,
     """Build an :class:`OpenClawConfig` from a parsed JSON5 document in either layout;
     warnings (``loaded_notes`` first: what loading the file noticed) are logged here, once.
 
-    Raises:
-        ConfigError: a value has the wrong type or is out of range (key path included).
+    Raises ``ConfigError``: a value has the wrong type or is out of range (key path included).
     """
     root = as_object(data, key="<root>", file=file)
     memory_raw = as_object(root.get("memory"), key="memory", file=file)
@@ -428,8 +406,7 @@ def load_config(path: str | Path | None = None, *,
     else the defaults; ``env``, default ``os.environ``, finds the state dir and the values of
     the ``${NAME}`` references in its strings: :mod:`qmdbridge.config_env`).
 
-    Raises:
-        ConfigError: a given file is missing, unreadable, not JSON5 or holds a bad value.
+    Raises ``ConfigError``: a given file is missing, unreadable, not JSON5 or holds a bad value.
     """
     import json5
 
@@ -482,8 +459,7 @@ def normalize_agent_id(agent_id: str | None, *, file: str | None = None, key: st
     """Lower-case and trim an agent id, other runs of characters -> ``-``, empty ->
     ``main`` (``"Ops Bot"`` -> ``ops-bot``); ``file``/``key`` say where it is written.
 
-    Raises:
-        ConfigError: a path separator, ``..`` or a leading ``.``.
+    Raises ``ConfigError``: a path separator, ``..`` or a leading ``.``.
     """
     raw = (agent_id or "").strip().lower()
     if "/" in raw or "\\" in raw or ".." in raw or raw.startswith("."):
@@ -497,33 +473,25 @@ def _model_path_from_config_folder(search: MemorySearchSettings,
                                    source_file: str | None) -> MemorySearchSettings:
     """A relative ``local.modelPath`` read against the config file's folder."""
     raw = (search.local.model_path or "").strip()
-    if not raw or source_file is None or raw.startswith(("~", "hf:", "http:", "https:")):
+    if (not raw or source_file is None or raw.startswith(("~", "hf:", "http:", "https:"))
+            or Path(raw).is_absolute()):
         return search
-    path = Path(raw)
-    if path.is_absolute():
-        return search
-    local = search.local.model_copy(update={"model_path": str(Path(source_file).absolute().parent / path)})
+    local = search.local.model_copy(update={"model_path": str(Path(source_file).absolute().parent / raw)})
     return search.model_copy(update={"local": local})
 
 
 def resolve_agent(cfg: OpenClawConfig, agent_id: str | None = None, *,
                   workspace: str | Path | None = None,
                   env: dict[str, str] | None = None) -> ResolvedAgent:
-    """Resolve one agent: workspace, state dir, merged search settings, store path.
+    """Resolve one agent of ``cfg``: workspace, state dir (``env``'s ``OPENCLAW_STATE_DIR``,
+    default ``os.environ``), merged search settings, store path. ``agent_id`` ``None`` picks the
+    ``default`` entry, else ``agents.entries.main``, else the first entry, else ``main``. The
+    workspace is ``workspace`` (``--workspace``), else the agent's own, else
+    ``agents.defaults.workspace`` (``/<id>`` added for other agents than the default), else
+    ``<stateDir>/workspace`` (``workspace-<id>``).
 
-    Args:
-        cfg: the loaded config.
-        agent_id: ``None`` picks the ``default`` entry, else ``agents.entries.main``, else the
-            first entry, else ``main``.
-        workspace: overrides the configured workspace (``--workspace``).
-        env: environment (``OPENCLAW_STATE_DIR``); default ``os.environ``.
-
-    The workspace is the agent's own, else ``agents.defaults.workspace`` (``/<id>`` added for
-    other agents than the default), else ``<stateDir>/workspace`` (``workspace-<id>``).
-
-    Raises:
-        ConfigError: the merged per-agent settings are invalid.
-        UsageError: ``workspace`` is given but blank.
+    Raises ``ConfigError`` (the merged per-agent settings are invalid) or ``UsageError``
+    (``workspace`` is given but blank).
     """
     if workspace is not None and not str(workspace).strip():
         raise UsageError("workspace must not be empty")

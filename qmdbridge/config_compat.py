@@ -55,8 +55,7 @@ class Layout:
 def as_object(value: Any, *, key: str, file: str | None) -> dict[str, Any]:
     """A config value that must be an object: ``{}`` for a missing one (``None``).
 
-    Raises:
-        ConfigError: the value is not an object (names ``file`` and the dotted ``key``).
+    Raises ``ConfigError``: the value is not an object (names ``file`` and the dotted ``key``).
     """
     if value is None:
         return {}
@@ -141,8 +140,7 @@ def read_layout(root: dict[str, Any], *, file: str | None = None) -> Layout:
     """Read the search settings and agents of a parsed config (``root``) in either layout;
     values are validated later, by the settings models.
 
-    Raises:
-        ConfigError: a section that must be an object or an array is not (names ``file``).
+    Raises ``ConfigError``: a section that must be an object or an array is not.
     """
     out = Layout()
     memory = as_object(root.get("memory"), key="memory", file=file)
@@ -213,13 +211,10 @@ def _number(value: Any) -> float | None:
 def adjusted_values(written: dict[str, Any], resolved: dict[str, Any], key_path: str,
                     used: dict[str, Any] | None = None) -> list[str]:
     """One warning per number in ``written`` (a settings object as written at ``key_path``) that
-    the settings changed in ``resolved`` (it validated alone, dumped by alias); ``used`` (default
-    ``resolved``) gives the value in effect.
-
-    Returns:
-        ``["<key path>.<key>: <written> is out of range; using <used>"]`` in key order (hybrid
-        weights only when one lies outside [0, 1] or both are 0).
-    """
+    the settings changed in ``resolved`` (it validated alone, dumped by alias), in key order:
+    ``<key path>.<key>: <written> is out of range; using <used>`` (``used``, default
+    ``resolved``: the value in effect; hybrid weights only when one lies outside [0, 1] or both
+    are 0)."""
     used = resolved if used is None else used
     notes: list[str] = []
     for key, value in written.items():
@@ -266,14 +261,10 @@ def _models(annotation: Any) -> list[type[BaseModel]]:
 def unknown_keys(model: type[BaseModel], written: Any, key_path: str, where: str) -> list[str]:
     """One warning per key of ``written`` (an object as written at ``key_path``, read by
     ``model``) and of its nested objects that is neither a field of the model (its name or
-    camelCase key) nor a key OpenClaw defines there; ``where`` names the subtree in
-    :data:`_REFERENCE_ONLY` (``memory``, ``memorySearch``). A value that is not an object is
-    left to the model to refuse.
-
-    Returns:
-        ``["<key path>.<key>: unknown key, ignored (did you mean <ours>?)"]`` in key order, the
-        suggestion only when one of the model's keys is close.
-    """
+    camelCase key) nor a key OpenClaw defines there (``where`` names the subtree in
+    :data:`_REFERENCE_ONLY`), in key order: ``<key path>.<key>: unknown key, ignored (did you
+    mean <ours>?)``, the suggestion when one of the model's keys is close. A value that is not
+    an object is left to the model to refuse."""
     if not isinstance(written, dict):
         return []
     fields = {k: f for name, f in model.model_fields.items() for k in (name, f.alias or name)}

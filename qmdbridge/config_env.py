@@ -3,13 +3,10 @@ OpenClaw substitutes them (docs/configuration.md, "The config file"), and the st
 (:func:`state_dir`, ``$OPENCLAW_STATE_DIR``).
 
 Only upper-case names (``[A-Z_][A-Z0-9_]*``) are references; ``$${VAR}`` is the literal text
-``${VAR}``; a variable that is unset or empty leaves its reference as written, with a config
-warning naming the key, except an API key (``remote.apiKey``, ``query.rerank.apiKey``,
-``models.providers.<id>.apiKey``) that is that reference alone: it becomes the SecretRef of the
-variable (``fallback.settings.SecretRef``), so no literal ``${VAR}`` is sent as a key and the
-provider says the variable is not set.
-Standard library only: the CLI's daemon client stamps a config with the values it references
-(:func:`env_stamp`) before it loads anything.
+``${VAR}``; an unset or empty variable leaves its reference as written, with a config warning,
+except an API key that is that reference alone: it becomes the variable's SecretRef, so no
+literal ``${VAR}`` is sent as a key. Standard library only (the daemon client stamps a config
+with :func:`env_stamp` before it loads anything).
 """
 
 from __future__ import annotations

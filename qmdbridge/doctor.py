@@ -19,10 +19,11 @@ import anyio
 from fallback.embeddings import select_provider
 from fallback.embeddings.base import probe
 from fallback.engine.builtin import BuiltinEngine
-from fallback.errors import MemorySearchError, UsageError
+from fallback.errors import IndexStoreError, MemorySearchError, UsageError
 from fallback.request import require_workspace
 from fallback.sources import memory_files as files
 from fallback.sources.memory_files import LEGACY_ROOT_MEMORY_FILE, ROOT_MEMORY_FILE, root_memory_file
+from fallback.store.readonly import ReadOnlyStore
 from fallback.store.vectors import probe_sqlite_vec
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.problems import model_missing_problem, status_problems
@@ -46,10 +47,6 @@ class Check:
     hint: str | None = None
     fixed: bool = False
 
-    def to_json(self) -> dict[str, Any]:
-        """JSON form: ``{name, level, detail, hint, fixed}``, every key present."""
-        return asdict(self)
-
 
 @dataclass
 class DoctorReport:
@@ -63,8 +60,8 @@ class DoctorReport:
         return all(c.level != "error" for c in self.checks)
 
     def to_json(self) -> dict[str, Any]:
-        """JSON form: ``{ok, checks: [...]}``."""
-        return {"ok": self.ok, "checks": [c.to_json() for c in self.checks]}
+        """JSON form: ``{ok, checks: [{name, level, detail, hint, fixed}]}``, every key present."""
+        return {"ok": self.ok, "checks": [asdict(c) for c in self.checks]}
 
 
 def root_memory_state(ws: Path) -> Literal["canonical", "legacy-only", "split", "none"]:
@@ -116,10 +113,7 @@ def repair_root_memory(ws: Path, *, now: float | None = None) -> str:
     root = ws / ROOT_MEMORY_FILE
     current = root.read_bytes().decode("utf-8", errors="replace")
     section = f"{LEGACY_HEADING}\n\n{LEGACY_MARKER}\n\n{text.strip()}\n" if text.strip() else ""
-    if not current or current.endswith("\n\n"):
-        sep = ""
-    else:
-        sep = "\n" if current.endswith("\n") else "\n\n"
+    sep = "" if not current or current.endswith("\n\n") else "\n" if current.endswith("\n") else "\n\n"
     shutil.move(legacy, target)  # a copy and an unlink across file systems
     if section:
         with root.open("a", encoding="utf-8") as fh:
@@ -312,16 +306,14 @@ async def _check_index(agent: ResolvedAgent, fix: bool, env: Mapping[str, str]) 
 
 def _inspect_index(agent: ResolvedAgent) -> Check:
     db = agent.engine.db_path
-    if not db.exists():
-        return Check("index", "warn", f"no index yet at {db}", _index_hint(agent.workspace_dir))
     try:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2)
-        try:
-            result = "quick_check: " + conn.execute("PRAGMA quick_check").fetchone()[0]
-        finally:
-            conn.close()
-    except sqlite3.Error as exc:
-        result = str(exc)
+        reader = ReadOnlyStore.open(db)
+        if reader is None:
+            return Check("index", "warn", f"no index yet at {db}", _index_hint(agent.workspace_dir))
+        with reader:
+            result = f"quick_check: {reader.quick_check()}"
+    except IndexStoreError as exc:  # in SQLite's own words
+        result = str(exc.__cause__ or exc)
     if result != "quick_check: ok":
         return Check("index", "error", f"{db}: {result}",
                      "run `qmdbridge doctor --fix` or `qmdbridge index --force` to rebuild it")

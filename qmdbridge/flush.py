@@ -31,27 +31,16 @@ _DEFAULTS = CompactionSettings()  # the functions' defaults are agents.defaults.
 
 
 def _is_count(value: object) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return True
-    return isinstance(value, float) and math.isfinite(value)
+    return not isinstance(value, bool) and (
+        isinstance(value, int) or isinstance(value, float) and math.isfinite(value))
 
 
 def flush_threshold_tokens(context_window: int, *, reserve_tokens_floor: int = _DEFAULTS.reserve_tokens_floor,
                            soft_threshold_tokens: int = _DEFAULTS.memory_flush.soft_threshold_tokens) -> int | None:
-    """The session size (tokens) at which the flush is due:
-    ``context_window - reserve_tokens_floor - soft_threshold_tokens``.
-
-    Args:
-        context_window: the model's context window in tokens, > 0.
-        reserve_tokens_floor: tokens kept free for the reply and compaction, >= 0.
-        soft_threshold_tokens: how many tokens before compaction the flush fires, >= 0.
-
-    Returns:
-        The threshold in tokens; ``None`` for an input that is not a finite number or out of
-        range, or a threshold that is not positive.
-    """
+    """The session size (tokens) at which the flush is due: ``context_window`` (the model's, >
+    0) minus ``reserve_tokens_floor`` (kept free for the reply and compaction, >= 0) minus
+    ``soft_threshold_tokens`` (how far before compaction the flush fires, >= 0); ``None`` for an
+    input that is not a finite number or out of range, or a threshold that is not positive."""
     values = (context_window, reserve_tokens_floor, soft_threshold_tokens)
     if not all(_is_count(v) for v in values):
         return None
@@ -105,13 +94,9 @@ class FlushPlan:
 
 class FlushPlanner:
     """Plan pre-compaction memory flushes, at most one per session per compaction cycle:
-    :meth:`plan` decides, :meth:`mark_fired` records once the turn ran.
-
-    Args:
-        state_dir: ``<stateDir>``; records go to ``<state_dir>/memory-flush/``.
-        settings: ``agents.defaults.compaction`` (``reserve_tokens_floor``,
-            ``memory_flush.enabled/soft_threshold_tokens/prompt/system_prompt``).
-    """
+    :meth:`plan` decides, :meth:`mark_fired` records once the turn ran, in
+    ``<state_dir>/memory-flush/``; ``settings``: ``agents.defaults.compaction``. Every method
+    raises ``UsageError`` for an empty session key."""
 
     def __init__(self, state_dir: Path, settings: CompactionSettings) -> None:
         self.state_dir = Path(state_dir)
@@ -119,11 +104,7 @@ class FlushPlanner:
 
     def record_path(self, session_key: str) -> Path:
         """The state file of a session key: ``agent:main:main`` ->
-        ``agent_main_main-<12 hex of its sha256>.json``.
-
-        Raises:
-            UsageError: the session key is empty.
-        """
+        ``agent_main_main-<12 hex of its sha256>.json``."""
         if not session_key or not session_key.strip():
             raise UsageError("session key required for the memory flush planner")
         readable = _UNSAFE_NAME_CHARS.sub("_", session_key.strip())[:_MAX_KEY_NAME_CHARS]
@@ -132,11 +113,7 @@ class FlushPlanner:
         return self.state_dir / "memory-flush" / f"{readable}-{digest}.json"
 
     def last_fired(self, session_key: str) -> int | None:
-        """The compaction count the flush last fired for; ``None`` without a readable record.
-
-        Raises:
-            UsageError: the session key is empty.
-        """
+        """The compaction count the flush last fired for; ``None`` without a readable record."""
         path = self.record_path(session_key)
         try:
             data = orjson.loads(path.read_bytes())
@@ -149,11 +126,7 @@ class FlushPlanner:
              compaction_count: int, workspace_dir: Path) -> FlushPlan | None:
         """The flush turn to run now; ``None`` when disabled, below :func:`should_flush`
         (``session_tokens`` in the context now, ``context_window`` tokens), already fired for
-        ``compaction_count`` (compactions so far, >= 0), or ``workspace_dir`` is read-only.
-
-        Raises:
-            UsageError: the session key is empty.
-        """
+        ``compaction_count`` (compactions so far, >= 0), or ``workspace_dir`` is read-only."""
         flush = self.settings.memory_flush
         due = (flush.enabled and should_flush(session_tokens, context_window,
                                               reserve_tokens_floor=self.settings.reserve_tokens_floor,
@@ -168,22 +141,15 @@ class FlushPlanner:
         """Record ``{"sessionKey", "compactionCount", "firedAtMs"}`` atomically (``now_ms``: epoch
         ms, default now) for the cycle the flush ran in; returns its file.
 
-        Raises:
-            UsageError: the session key is empty.
-            OSError: the state directory is not writable.
+        Raises ``OSError``: the state directory is not writable.
         """
         path = self.record_path(session_key)
-        fired_at = int(time.time() * 1000) if now_ms is None else now_ms
         payload = orjson.dumps({"sessionKey": session_key, "compactionCount": compaction_count,
-                                "firedAtMs": fired_at})
+                                "firedAtMs": int(time.time() * 1000) if now_ms is None else now_ms})
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, payload)
         return path
 
     def forget(self, session_key: str) -> None:
-        """Delete the record of a session.
-
-        Raises:
-            UsageError: the session key is empty.
-        """
+        """Delete the record of a session."""
         self.record_path(session_key).unlink(missing_ok=True)

@@ -69,18 +69,9 @@ NO_QMD_EXPLAIN = "explain: qmd answered and reports no ranking trace; use --back
 
 def decorate_citations(results: list[MemorySearchResult], *, include: bool,
                        max_injected_chars: int | None = None) -> list[MemorySearchResult]:
-    """Add ``citation`` (the snippet's lines) to every hit; when ``include``, append the
-    ``Source:`` footer.
-
-    Args:
-        results: hits, best first.
-        include: whether the footer goes into the snippet.
-        max_injected_chars: total snippet budget in chars, applied after the footer (qmd,
-            spec 2.13); ``None``: no budget.
-
-    Returns:
-        New hits, cut to the budget (:func:`~qmdbridge.qmd.parse.clamp_injected`).
-    """
+    """New ``results`` (hits, best first), each with its ``citation`` (the snippet's lines) and,
+    with ``include``, the ``Source:`` footer; then cut to ``max_injected_chars`` (qmd's total
+    snippet budget in chars, spec 2.13; ``None``: none) by :func:`~qmdbridge.qmd.parse.clamp_injected`."""
     out: list[MemorySearchResult] = []
     for r in results:
         citation, snippet = cite(r.path, r.snippet_start_line, r.snippet_end_line, r.snippet,
@@ -147,7 +138,7 @@ class MemoryManager:
             raise ManagerClosedError("memory manager is closed")
 
     def _background(self) -> BackgroundTasks:
-        """The task group for a backend's ``start``; a ``full`` manager needs it open."""
+        """The task group for a backend's ``start`` (open, for a ``full`` manager)."""
         if self.mode == "full" and not self.tasks.is_open:
             raise UsageError("a long-lived (mode='full') MemoryManager runs background work: "
                              "use `async with MemoryManager(...)`")
@@ -219,10 +210,7 @@ class MemoryManager:
         fallback: FallbackInfo | None = None
         if self.backend_name == "qmd":
             async with anyio.create_task_group() as tg:
-                # Open the builtin engine while qmd runs (the process mostly waits on the child),
-                # so a fallback answer is ready right after qmd's deadline; not for a qmd search
-                # that ends before BUILTIN_PREPARE_LEAD_MS ahead of it (a fallback opens it).
-                qmd_done = anyio.Event()
+                qmd_done = anyio.Event()  # the builtin engine opens beside a slow qmd search
                 tg.start_soon(self._prepare_builtin, qmd_done)
                 answered, fallback = await self._search_qmd(request)
                 qmd_done.set()
@@ -260,10 +248,9 @@ class MemoryManager:
         if isinstance(admitted, SearchResponse):
             return admitted
         request, include, corpus = admitted
-        settled = getattr(self._builtin, "search_settled", None)
-        if self.backend_name != "builtin" or settled is None:
+        if self.backend_name != "builtin" or self._builtin is None:
             return None
-        outcome = settled(request)
+        outcome = self._builtin.search_settled(request)
         return None if outcome is None else self._builtin_answer(
             outcome, outcome.results, fallback=None, include=include, corpus=corpus)
 
@@ -387,11 +374,8 @@ class MemoryManager:
 
         In qmd mode ``qmd/<collection>/...`` paths are read by qmd's backend, ``sessions/<file>``
         and (on the postgres store) ``shared/<owner>/...`` by the builtin engine, other paths
-        by either.
-
-        Args:
-            corpus: ``all`` (``None``) reads memory files and session transcripts, ``memory``
-                memory files only; ``wiki`` refuses every path.
+        by either. ``corpus``: ``all`` (``None``) reads memory files and session transcripts,
+        ``memory`` memory files only; ``wiki`` refuses every path.
 
         Raises:
             PathRefusedError: not a memory file, a transcript under ``corpus`` ``memory``, or
@@ -412,8 +396,7 @@ class MemoryManager:
                 f"{end - start + 1}")) from exc
 
     def _check_enabled(self) -> None:
-        """Raise ``BackendUnavailableError`` when ``memory.backend`` is ``none``: both memory
-        tools are disabled (a request is still checked first, so a bad one stays a usage error)."""
+        """Refuse a call when ``memory.backend`` is ``none`` (after the request's own checks)."""
         if self.backend_name == "none":
             raise BackendUnavailableError("none", "memory tools are disabled (memory.backend = none)")
 
@@ -513,9 +496,7 @@ class MemoryManager:
         """Start ``full`` mode's background work: the builtin engine's live mode and qmd's
         start-up (awaited only with ``update.waitForBootSync``).
 
-        Raises:
-            UsageError: the manager was not entered with ``async with``.
-            ManagerClosedError: the manager is closed.
+        Raises ``UsageError`` (not entered with ``async with``) or ``ManagerClosedError``.
         """
         self._check_open()
         if not self.tasks.is_open:
@@ -530,20 +511,11 @@ class MemoryManager:
 
     async def sync(self, *, reason: str = "manual", force: bool = False,
                    progress: ProgressCallback | None = None) -> SyncReport:
-        """Sync the configured backend (and the builtin index, which is the fallback).
+        """Sync the configured backend and the builtin index (the fallback), arguments as
+        :meth:`fallback.contract.MemoryBackend.sync` (``progress``: of the builtin sync); returns
+        the builtin index's :class:`~fallback.index.report.SyncReport`.
 
-        Args:
-            reason: why (logged): ``cli``, ``watch``, ``interval`` ...
-            force: full rebuild, swapped in atomically.
-            progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)`` for
-                the builtin sync.
-
-        Returns:
-            The builtin index's :class:`~fallback.index.report.SyncReport` (``full_reason``:
-            why it was rebuilt in full, or ``None``).
-
-        Raises:
-            IndexStoreError / BackendUnavailableError: the sync failed.
+        Raises ``IndexStoreError`` / ``BackendUnavailableError``: the sync failed.
         """
         self._check_open()
         require_workspace(self.agent.workspace_dir)

@@ -55,8 +55,7 @@ class QmdHome:
 def qmd_home(state_dir: Path, agent_id: str) -> QmdHome:
     """The qmd home of ``agent_id`` (one path segment) under ``state_dir`` (nothing is created).
 
-    Raises:
-        UsageError: ``agent_id`` is empty, ``.``/``..``, or contains a path separator or NUL.
+    Raises ``UsageError``: ``agent_id`` is empty, ``.``/``..``, or holds a path separator or NUL.
     """
     if (not agent_id or agent_id in (".", "..") or "/" in agent_id or "\\" in agent_id
             or "\x00" in agent_id):
@@ -89,12 +88,9 @@ def user_models_dir(parent_env: Mapping[str, str]) -> Path | None:
 
 
 def ensure_home(home: QmdHome, *, parent_env: Mapping[str, str]) -> list[str]:
-    """Create the home's folders and, when the user's model cache exists and
-    ``models_dir`` does not (not even as a broken link), link it; never raises.
-
-    Returns:
-        Warnings (``failed to symlink qmd models directory: ...``); ``[]`` when all went well.
-    """
+    """Create the home's folders and, when the user's model cache exists and ``models_dir``
+    does not (not even as a broken link), link it; never raises. Returns the warnings
+    (``failed to symlink qmd models directory: ...``)."""
     warnings: list[str] = []
     for folder in (home.config_dir, home.xdg_cache / "qmd", home.sessions_dir,
                    home.write_lock.parent, home.embed_lock.parent):
@@ -116,13 +112,7 @@ def child_env(home: QmdHome, *, parent_env: Mapping[str, str], path_env: str) ->
     """The environment of every qmd process of this agent: ``parent_env`` with the XDG
     and ``QMD_CONFIG_DIR`` variables of ``home``, ``NO_COLOR=1`` and ``PATH=path_env``, without
     ``INDEX_PATH``."""
-    env = {k: v for k, v in parent_env.items() if k not in _DROPPED_ENV}
-    env.update({
-        "XDG_CONFIG_HOME": str(home.xdg_config),
-        "QMD_CONFIG_DIR": str(home.config_dir),
-        "XDG_CACHE_HOME": str(home.xdg_cache),
-        "NO_COLOR": "1",
-        "PATH": path_env,
-    })
-    return env
+    return {**{k: v for k, v in parent_env.items() if k not in _DROPPED_ENV},
+            "XDG_CONFIG_HOME": str(home.xdg_config), "QMD_CONFIG_DIR": str(home.config_dir),
+            "XDG_CACHE_HOME": str(home.xdg_cache), "NO_COLOR": "1", "PATH": path_env}
 

@@ -49,14 +49,9 @@ def is_indexed_caveat(reason: str) -> bool:
 
 
 def store_failure_hint(error_type: str, db_path: str | None) -> str | None:
-    """What to do about a failed write of the index store, by the error's class name
-    (``errorType``: ``IndexStoreFullError``, ``IndexStoreLockedError``,
-    ``IndexStoreReadOnlyError``), or ``None`` for any other failure.
-
-    Args:
-        error_type: the class name of the store error.
-        db_path: the store file (``None``: not known).
-    """
+    """What to do about a failed write of the index store (``db_path``; ``None``: not known), by
+    the error's class name (``errorType``: ``IndexStoreFullError``, ``IndexStoreLockedError``,
+    ``IndexStoreReadOnlyError``), or ``None`` for any other failure."""
     folder = os.path.dirname(db_path) if db_path else "the store's folder"
     if error_type == "IndexStoreFullError":
         return f"free disk space for {db_path}, then run `qmdbridge index`"

@@ -66,9 +66,7 @@ class QmdSidecar:
         """``(backend, None)`` once qmd has started, else ``(None, reason)``; ``wait``: run or
         join the start-up here, else only make sure it runs in the background.
 
-        Raises:
-            UsageError: a long-lived manager was not entered with ``async with``.
-            ManagerClosedError: closed meanwhile.
+        Raises ``UsageError`` (a long-lived manager not entered) or ``ManagerClosedError``.
         """
         if self.ready:
             return self.backend, None

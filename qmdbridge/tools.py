@@ -118,12 +118,9 @@ def _fits(value: Any, json_type: str) -> bool:
 def param_error(schema: dict[str, Any], params: dict[str, Any]) -> str | None:
     """How ``params`` break a tool's ``schema`` as JSON Schema validation would see it
     (a required parameter missing, an unknown one, an optional one of the wrong type), or
-    ``None``; values and ranges are the manager's request's check.
-
-    Returns:
-        ``query required``, ``unknown parameter 'max_results' (memory_search takes query,
-        maxResults, minScore)``, ``maxResults must be an integer, not '5'``, or ``None``.
-    """
+    ``None``; values and ranges are the manager's request's check. E.g. ``query required``,
+    ``unknown parameter 'max_results' (memory_search takes query, maxResults, minScore)``,
+    ``maxResults must be an integer, not '5'``."""
     props: dict[str, Any] = schema["parameters"]["properties"]
     missing = [key for key in schema["parameters"]["required"] if key not in params]
     if missing:
@@ -148,12 +145,8 @@ async def handle_memory_search(manager: MemoryManager, params: dict[str, Any], *
                                session_key: str | None = None,
                                session_keys: list[str] | None = None) -> dict[str, Any]:
     """Handle a ``memory_search`` call (``session_key``: ``None`` = owner call;
-    ``session_keys``: keys the session inherits).
-
-    Returns:
-        ``{results, backend, provider, model, mode, fallback, citations, denied}`` (camelCase
-        hits), or ``{results: [], disabled: true, error}`` on failure.
-    """
+    ``session_keys``: keys the session inherits): the answer's JSON document
+    (``SearchResponse.to_json_dict``), or ``{results: [], disabled: true, error}`` on failure."""
     error = "params must be an object" if not isinstance(params, dict) else param_error(
         MEMORY_SEARCH_SCHEMA, params)
     if error is None:
@@ -175,13 +168,9 @@ async def handle_memory_search(manager: MemoryManager, params: dict[str, Any], *
 
 
 async def handle_memory_get(manager: MemoryManager, params: dict[str, Any]) -> dict[str, Any]:
-    """Handle a ``memory_get`` call.
-
-    Returns:
-        ``{path, text, from, lines, truncated, nextFrom, missing}``, or ``{path, text: "",
-        disabled: true, error, refused}`` on failure (``refused``: not a memory file; ``path``:
-        the request's, in its printable form, so a name byte that is not UTF-8 can be encoded).
-    """
+    """Handle a ``memory_get`` call: ``{path, text, from, lines, truncated, nextFrom, missing}``,
+    or ``{path, text: "", disabled: true, error, refused}`` on failure (``refused``: not a
+    memory file; ``path``: the request's, printable, so a name byte not UTF-8 can be encoded)."""
     path = params.get("path") if isinstance(params, dict) else None
     refused = False
     error = "params must be an object" if not isinstance(params, dict) else param_error(
@@ -209,9 +198,8 @@ async def call_tool(manager: MemoryManager, name: object, params: dict[str, Any]
     MCP server and ``serve`` (stdin and socket) route them; session keys as for
     :func:`handle_memory_search`.
 
-    Raises:
-        UsageError: ``unknown tool: 'memory_delete'``.
-        Exception: whatever ``status`` raises (the handlers never raise).
+    Raises ``UsageError`` (``unknown tool: 'memory_delete'``), or what ``status`` raises (the
+    handlers never raise).
     """
     if name == "memory_search":
         return await handle_memory_search(manager, params, session_key=session_key,

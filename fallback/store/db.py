@@ -315,14 +315,6 @@ class Store(MetaReads):
         conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
                      (key, orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()))
 
-    def quick_check(self) -> str:
-        """Run ``PRAGMA quick_check``; returns ``"ok"`` or SQLite's first problem line.
-
-        Raises ``IndexStoreCorruptError``: when the file is not a database at all.
-        """
-        rows = self.query("PRAGMA quick_check")
-        return "ok" if rows and rows[0][0] == "ok" else "; ".join(str(r[0]) for r in rows[:5])
-
     def attach_copy_cache(self, other: Path) -> int:
         """Copy every ``embedding_cache`` row of the store at ``other`` (attached read-only)
         into this one; returns the number of rows now cached (spec §4.5 step 2).

@@ -122,6 +122,14 @@ class MetaReads:
         """``PRAGMA user_version``: the number of migrations applied."""
         return int(self.query("PRAGMA user_version")[0][0])
 
+    def quick_check(self) -> str:
+        """Run ``PRAGMA quick_check``; returns ``"ok"`` or SQLite's problem lines (at most 5).
+
+        Raises ``IndexStoreCorruptError``: when the file is not a database at all.
+        """
+        rows = self.query("PRAGMA quick_check")
+        return "ok" if rows and rows[0][0] == "ok" else "; ".join(str(r[0]) for r in rows[:5])
+
     def get_meta_json(self, key: str) -> Any:
         """One ``meta`` value parsed as JSON, or ``None`` when missing or unparsable."""
         rows = self.query("SELECT value FROM meta WHERE key = ?", (key,))

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
@@ -42,10 +41,6 @@ class BreakerState(BaseModel):
     last_failure_at_ms: int | None = None
     last_success_at_ms: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        """Return the JSON form (camelCase keys)."""
-        return self.model_dump(by_alias=True)
-
 
 def breaker_scope(command: str | list[str], search_mode: str, env: Mapping[str, str]) -> str:
     """The search breaker's scope: the qmd command, the search mode and whether ``CI``
@@ -55,17 +50,11 @@ def breaker_scope(command: str | list[str], search_mode: str, env: Mapping[str, 
 
 @dataclass
 class CircuitBreaker:
-    """Open/half-open/closed breaker with exponential cooldown.
-
-    Args:
-        path: JSON state file, or ``None`` for an in-memory breaker.
-        base_cooldown_ms / max_cooldown_ms: cooldown after the first failure and its cap (ms).
-        scope: what the failures are about; a state recorded for another scope is ignored.
-    """
+    """Open/half-open/closed breaker with exponential cooldown, its state in the JSON file
+    ``path`` (``None``: in memory); ``scope`` says what the failures are about, and a state
+    recorded for another scope is ignored."""
 
     path: Path | None = None
-    base_cooldown_ms: int = BASE_COOLDOWN_MS
-    max_cooldown_ms: int = MAX_COOLDOWN_MS
     state: BreakerState = field(default_factory=BreakerState)
     scope: str = ""
 
@@ -92,7 +81,7 @@ class CircuitBreaker:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # Saved after qmd searches: no fsync on that path (a lost state only costs a probe).
-            write_atomic(self.path, orjson.dumps(self.state.to_json()), durable=False)
+            write_atomic(self.path, self.state.model_dump_json(by_alias=True).encode(), durable=False)
             st = self.path.stat()
             self._saved = (st.st_ino, st.st_mtime_ns, st.st_size, self.state.last_success_at_ms or 0)
         except OSError:
@@ -111,31 +100,28 @@ class CircuitBreaker:
         return ((st.st_ino, st.st_mtime_ns, st.st_size) == (inode, mtime_ns, size)
                 and 0 <= now_ms - success_ms < SUCCESS_SAVE_INTERVAL_MS)
 
-    def allow(self, now_ms: int | None = None) -> bool:
-        """Whether a call to the primary may be tried now (closed, or cooldown over)."""
+    def allow(self, now_ms: int) -> bool:
+        """Whether a call to the primary may be tried at ``now_ms`` (closed, or cooldown over)."""
         self._load()
-        now = int(time.time() * 1000) if now_ms is None else now_ms
-        return self.state.failures == 0 or now >= self.state.open_until_ms
+        return self.state.failures == 0 or now_ms >= self.state.open_until_ms
 
-    def record_success(self, now_ms: int | None = None) -> None:
+    def record_success(self, now_ms: int) -> None:
         """Close the breaker; the file is rewritten unless nothing changed since this
         breaker wrote a success less than :data:`SUCCESS_SAVE_INTERVAL_MS` ago."""
-        now = int(time.time() * 1000) if now_ms is None else now_ms
         changed = self.state.failures != 0
-        self.state = BreakerState(last_success_at_ms=now, scope=self.scope,
+        self.state = BreakerState(last_success_at_ms=now_ms, scope=self.scope,
                                   last_failure=self.state.last_failure,
                                   last_failure_at_ms=self.state.last_failure_at_ms)
-        if changed or (self.path is not None and not self._unchanged_since_saved(now)):
+        if changed or (self.path is not None and not self._unchanged_since_saved(now_ms)):
             self._save()
 
-    def record_failure(self, reason: str, now_ms: int | None = None) -> int:
-        """Open the breaker; returns the cooldown in ms."""
-        now = int(time.time() * 1000) if now_ms is None else now_ms
+    def record_failure(self, reason: str, now_ms: int) -> int:
+        """Open the breaker at ``now_ms``; returns the cooldown in ms."""
         self._load()
         failures = self.state.failures + 1
-        cooldown = min(self.max_cooldown_ms, self.base_cooldown_ms * 2 ** (failures - 1))
-        self.state = BreakerState(failures=failures, open_until_ms=now + cooldown, scope=self.scope,
-                                  last_failure=reason, last_failure_at_ms=now,
+        cooldown = min(MAX_COOLDOWN_MS, BASE_COOLDOWN_MS * 2 ** (failures - 1))
+        self.state = BreakerState(failures=failures, open_until_ms=now_ms + cooldown, scope=self.scope,
+                                  last_failure=reason, last_failure_at_ms=now_ms,
                                   last_success_at_ms=self.state.last_success_at_ms)
         self._save()
         return cooldown
@@ -150,4 +136,4 @@ class CircuitBreaker:
         else:
             mode = "open"
         return {"state": mode, "retryInMs": max(0, self.state.open_until_ms - now) if mode == "open" else 0,
-                **self.state.to_json()}
+                **self.state.model_dump(by_alias=True)}

@@ -49,10 +49,7 @@ def _checked(corpus: object, allowed: tuple[str, ...], tool: str) -> str:
 def search_corpus(corpus: object, *, sessions_off: str | None) -> CorpusChoice:
     """The sources ``memory_search`` covers for ``corpus`` (``None``: ``all``);
     ``sessions_off``: :func:`sessions_off_reason`, the note when ``sessions`` finds nothing.
-
-    Raises:
-        UsageError: a value other than ``memory``, ``sessions``, ``all``, ``wiki``.
-    """
+    Raises ``UsageError`` for a value other than ``memory``, ``sessions``, ``all``, ``wiki``."""
     name = _checked(corpus, SEARCH_CORPORA, "memory_search")
     if name == "wiki":
         return CorpusChoice(name, (), NO_WIKI)
@@ -64,10 +61,7 @@ def search_corpus(corpus: object, *, sessions_off: str | None) -> CorpusChoice:
 def get_corpus(corpus: object) -> CorpusChoice:
     """What ``memory_get`` may read for ``corpus``: memory files only (``memory``), every
     indexed source (``all``, ``None``), or nothing with :data:`NO_WIKI_GET` (``wiki``).
-
-    Raises:
-        UsageError: any other value.
-    """
+    Raises ``UsageError`` for any other value."""
     name = _checked(corpus, GET_CORPORA, "memory_get")
     if name == "wiki":
         return CorpusChoice(name, (), NO_WIKI_GET)

@@ -24,16 +24,10 @@ _CASE_SENSITIVE_ID_CHANNELS = ("signal", "matrix")
 
 
 def normalize_session_key(key: str | None) -> str | None:
-    """Normalise a session key for scope matching (spec 2.12 step 1): trimmed,
-    ``agent:<id>:`` stripped, lower-cased (``signal`` and ``matrix`` keys: only the first two
-    parts, so opaque ids keep their case).
-
-    Returns:
-        The normalised key; ``None`` for a missing or blank key and for a sub-agent key.
-    """
-    if key is None:
-        return None
-    trimmed = key.strip()
+    """A session key normalised for scope matching (spec 2.12 step 1): trimmed, ``agent:<id>:``
+    stripped, lower-cased (``signal`` and ``matrix`` keys: only the first two parts, so opaque
+    ids keep their case); ``None`` for a missing or blank key and for a sub-agent key."""
+    trimmed = (key or "").strip()
     if not trimmed:
         return None
     rest = session_key_rest(trimmed)
@@ -50,24 +44,14 @@ def derive_chat(key: str | None) -> tuple[str | None, str | None]:
     key's second part is ``group``, ``channel``, ``direct`` or ``dm``, the channel is the first
     part and the chat type ``group`` if any part is ``group``, else ``channel`` if any part is,
     else ``direct``; otherwise ``:group:`` / ``:channel:`` in the key decide, with no channel.
-
-    Returns:
-        ``(chat_type, channel)``, ``chat_type`` ``direct`` | ``group`` | ``channel``;
-        ``(None, None)`` without a normalised key.
-    """
+    ``(None, None)`` without a normalised key."""
     norm = normalize_session_key(key)
     if norm is None:
         return None, None
     parts = [p for p in norm.split(":") if p]
     if len(parts) >= 2 and parts[1].lower() in _CHAT_MARKERS:
         lowered = [p.lower() for p in parts]
-        if "group" in lowered:
-            chat_type = "group"
-        elif "channel" in lowered:
-            chat_type = "channel"
-        else:
-            chat_type = "direct"
-        return chat_type, parts[0] or None
+        return next((t for t in ("group", "channel") if t in lowered), "direct"), parts[0]
     if ":group:" in norm:
         return "group", None
     if ":channel:" in norm:
@@ -132,17 +116,14 @@ def _match_for(chat_type: str | None, raw_lower: str) -> str:
 def scope_candidates(session_key: str | None, inherited_keys: Sequence[str] = ()) -> list[str]:
     """The keys the rules are evaluated for: the session key, then each inherited key, trimmed,
     blanks dropped, repeats (compared case-insensitively) dropped, first seen kept."""
-    seen: set[str] = set()
-    out: list[str] = []
+    seen: dict[str, str] = {}  # lower-cased -> as first seen
     for key in [session_key, *inherited_keys]:
-        trimmed = (key or "").strip()
-        if trimmed and trimmed.lower() not in seen:
-            seen.add(trimmed.lower())
-            out.append(trimmed)
-    return out
+        if trimmed := (key or "").strip():
+            seen.setdefault(trimmed.lower(), trimmed)
+    return list(seen.values())
 
 
-def evaluate_scope(scope: QmdScope | None, session_key: str | None, *,
+def evaluate_scope(scope: QmdScope, session_key: str | None, *,
                    inherited_keys: Sequence[str] = ()) -> ScopeDecision:
     """Apply ``memory.qmd.scope`` to a session key and the keys it inherits (spec 2.12
     steps 3-4).
@@ -150,28 +131,17 @@ def evaluate_scope(scope: QmdScope | None, session_key: str | None, *,
     The first rule whose every field matches decides (``channel`` and ``chatType``, ``dm``
     meaning ``direct``, against the derived values; ``rawKeyPrefix`` against the raw key;
     ``keyPrefix`` against the normalised key, or the raw one when it starts with ``agent:``);
-    else ``scope.default``. The search is allowed when any key of :func:`scope_candidates` is.
-
-    Args:
-        scope: the configured scope; ``None`` allows everything.
-        session_key: the raw key; ``None`` or blank without inherited keys is an owner call.
-        inherited_keys: keys this session acts for (a sub-agent's parent, a thread's
-            conversation), from the runtime.
-
-    Returns:
-        The :class:`ScopeDecision`: ``allowed``, a ``reason`` naming the rule or default and
-        the derived values (a denial says which rule to add; ``...; inherited from <key>``
-        when an inherited key decided), that key's ``chat_type`` and ``channel``.
+    else ``scope.default``. The search is allowed when any key of :func:`scope_candidates` is:
+    the raw ``session_key`` (``None`` or blank without inherited keys: an owner call) and the
+    ``inherited_keys`` the session acts for (a sub-agent's parent, a thread's conversation).
+    The decision's ``reason`` names the rule or default and the derived values (a denial says
+    which rule to add; ``...; inherited from <key>`` when an inherited key decided).
     """
     candidates = scope_candidates(session_key, inherited_keys)
     if not candidates:
         return ScopeDecision(allowed=True, reason="owner call (no session key)",
                              session_key=None)
     raw = session_key if session_key is not None and session_key.strip() else None
-    if scope is None:
-        chat_type, channel = derive_chat(candidates[0])
-        return ScopeDecision(allowed=True, reason="no scope configured (allow)",
-                             chat_type=chat_type, channel=channel, session_key=raw)
     decisions = [_decide(scope, key) for key in candidates]
     first = decisions[0]
     allowing = next((d for d in decisions if d.allowed), None)

@@ -81,12 +81,6 @@ def test_owner_call_allowed() -> None:
         assert (decision.chat_type, decision.channel, decision.session_key) == (None, None, None)
 
 
-def test_no_scope_allows() -> None:
-    decision = evaluate_scope(None, "agent:main:discord:group:g1")
-    assert decision.allowed is True
-    assert decision.reason == "no scope configured (allow)"
-
-
 def test_case_42_channel_rule() -> None:
     scope = QmdScope.model_validate(
         {"default": "deny", "rules": [{"action": "allow", "match": {"channel": "slack"}}]})

@@ -172,6 +172,20 @@ class PidFileLock:
             return None
         return int(text) if text.isdigit() and _pid_alive(int(text)) else None
 
+    def _waits(self, timeout_ms: int | None) -> Iterator[float]:
+        """Attempts with backoff: yields the sleep (s) after each failed one until one succeeds.
+
+        Raises:
+            LockTimeoutError / OSError: as :meth:`acquire_blocking`.
+        """
+        budget_ms = self.timeout_ms if timeout_ms is None else timeout_ms
+        for wait_s in backoff_s(budget_ms):
+            if self.try_acquire():
+                return
+            yield wait_s
+        if not self.try_acquire():  # the last attempt, at the end of the budget
+            raise self.timeout_error(budget_ms)
+
     def acquire_blocking(self, *, timeout_ms: int | None = None) -> None:
         """Acquire from a worker thread: attempts with backoff (``time.sleep``) up to a budget.
 
@@ -182,13 +196,8 @@ class PidFileLock:
             LockTimeoutError: the budget ran out (or the subclass's :meth:`timeout_error`).
             OSError: the lock file cannot be opened (or the subclass's :meth:`open_error`).
         """
-        budget_ms = self.timeout_ms if timeout_ms is None else timeout_ms
-        for wait_s in backoff_s(budget_ms):
-            if self.try_acquire():
-                return
+        for wait_s in self._waits(timeout_ms):
             time.sleep(wait_s)
-        if not self.try_acquire():  # the last attempt, at the end of the budget
-            raise self.timeout_error(budget_ms)
 
     async def acquire(self, *, timeout_ms: int | None = None) -> None:
         """Acquire without blocking the event loop: attempts with backoff (``anyio.sleep``).
@@ -197,16 +206,10 @@ class PidFileLock:
             timeout_ms: budget in ms (default :attr:`timeout_ms`).
 
         Raises:
-            LockTimeoutError: as :meth:`acquire_blocking`.
-            OSError: as :meth:`acquire_blocking`.
+            LockTimeoutError / OSError: as :meth:`acquire_blocking`.
         """
-        budget_ms = self.timeout_ms if timeout_ms is None else timeout_ms
-        for wait_s in backoff_s(budget_ms):
-            if self.try_acquire():
-                return
+        for wait_s in self._waits(timeout_ms):
             await anyio.sleep(wait_s)
-        if not self.try_acquire():
-            raise self.timeout_error(budget_ms)
 
     @contextlib.contextmanager
     def hold_blocking(self) -> Iterator[None]:

@@ -11,6 +11,7 @@ replaces a dead observer) is in docs/architecture.md ("Background work and deadl
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -179,13 +180,9 @@ class MemoryWatcher:
             self._poke()
 
     def _poke(self) -> None:
-        token = self._token
-        if token is None:
-            return
-        try:
-            anyio.from_thread.run_sync(self._wake_loop, token=token)
-        except RuntimeError:
-            pass  # the loop is shutting down
+        if (token := self._token) is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is shutting down
+                anyio.from_thread.run_sync(self._wake_loop, token=token)
 
     def _wake_loop(self) -> None:
         self._last_change_mono = time.monotonic()
@@ -332,23 +329,8 @@ class MemoryWatcher:
         return f"missed changes in {missed[0]}{more}"
 
     def _install(self, polling: bool) -> bool:
-        """Start an observer (:meth:`_launch_or_poll`) and make it this watcher's; whether it polls."""
-        obs, polling = self._launch_or_poll(polling)
-        with self._obs_lock:
-            self._observer = obs
-            self.state.mode = "polling" if polling else "native"
-            self._missed = None
-            self._stamps = self._folder_stamps()
-        self._schedule_memory_dir()  # memory/ may have appeared while the observer started
-        return polling
-
-    def _start_observer(self) -> None:
-        if self._install(self.force_polling) and not self.force_polling:  # events may be lost: rescan
-            with self._lock:
-                self.state.pending.add(RESCAN_MARKER)
-
-    def _launch_or_poll(self, polling: bool) -> tuple[Any, bool]:
-        """``(observer, polls)``: a native one that cannot start falls back to polling.
+        """Start an observer and make it this watcher's (blocking); a native one that cannot
+        start falls back to polling. Returns whether it polls.
 
         Raises:
             MemorySearchError: the workspace folder is missing.
@@ -358,14 +340,20 @@ class MemoryWatcher:
             raise MemorySearchError(f"workspace {self.workspace} is missing: its memory files "
                                     "are watched again once it is back")
         try:
-            return self._launch(polling), polling
+            obs = self._launch(polling)
         except OSError as exc:
             if polling:
                 raise
-            self.state.degraded_reason = (
-                "inotify watch limit reached (raise fs.inotify.max_user_watches)"
-                if getattr(exc, "errno", None) == 28 else f"native watcher failed: {exc}")
-            return self._launch(True), True
+            self.state.degraded_reason = ("inotify watch limit reached (raise fs.inotify.max_user_watches)"
+                                          if exc.errno == errno.ENOSPC else f"native watcher failed: {exc}")
+            obs, polling = self._launch(True), True
+        with self._obs_lock:
+            self._observer = obs
+            self.state.mode = "polling" if polling else "native"
+            self._missed = None
+            self._stamps = self._folder_stamps()
+        self._schedule_memory_dir()  # memory/ may have appeared while the observer started
+        return polling
 
     def _stop_observer(self) -> None:
         with self._obs_lock:
@@ -452,7 +440,9 @@ class MemoryWatcher:
         """
         self._token = current_token()
         self._wake = anyio.Event()
-        await anyio.to_thread.run_sync(self._start_observer)
+        if await anyio.to_thread.run_sync(self._install, self.force_polling) and not self.force_polling:
+            with self._lock:  # a native observer failed: events may be lost, rescan
+                self.state.pending.add(RESCAN_MARKER)
         task_status.started()
         next_health = time.monotonic() + self.health_check_ms / 1000
         try:

@@ -15,7 +15,7 @@ import re
 import unicodedata
 from typing import TYPE_CHECKING
 
-from fallback.text.scripts import contains_cjk, script_of
+from fallback.text.scripts import contains_cjk, occurrences, script_of
 
 if TYPE_CHECKING:
     import regex
@@ -283,21 +283,15 @@ def cjk_words(query: str) -> tuple[str, ...]:
     japanese = any(script_of(ch) in ("hiragana", "katakana") for ch in text)
     covered = [False] * len(text)
     for word in _cjk_stop_words(japanese):
-        at = text.find(word)
-        while at >= 0:
+        for at in occurrences(text, (word,)):
             covered[at:at + len(word)] = [True] * len(word)
-            at = text.find(word, at + 1)
 
     def is_word(term: str) -> bool:
         scripts = {script_of(ch) for ch in term}
         if not (scripts == {"hiragana"} or (len(term) == 2 and scripts == {"han"})):
             return True
-        at = text.find(term)
-        while at >= 0:  # a word if one of its places takes no stop word's character
-            if not any(covered[at:at + len(term)]):
-                return True
-            at = text.find(term, at + 1)
-        return False
+        # a word if one of its places takes no stop word's character
+        return any(not any(covered[at:at + len(term)]) for at in occurrences(text, (term,)))
 
     words = [t for t in extract_keywords(text) if len(t) >= 2 and is_word(t)]
     # a CJK word holding another word is found only where that one is: 부산에서 of 부산,

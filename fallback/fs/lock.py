@@ -34,7 +34,7 @@ from fallback.errors import LockTimeoutError
 if TYPE_CHECKING:
     from filelock import BaseFileLock
 
-__all__ = ["BACKOFF_INITIAL_S", "BACKOFF_JITTER_S", "BACKOFF_MAX_S", "PidFileLock", "backoff_s"]
+__all__ = ["PidFileLock", "backoff_s"]
 
 # Backoff between non-blocking attempts, in seconds: doubling, capped, plus jitter so two
 # waiters do not retry in lockstep.

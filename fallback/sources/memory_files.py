@@ -22,14 +22,12 @@ from fallback.sources.globs import escape_glob, glob_matcher, never_ends_with, s
 from fallback.sources.stamps import change_time_ns
 from fallback.text.path_names import printable_path
 
-__all__ = ["DEFAULT_PATTERN", "DREAMS_FILE", "Discovery",
-           "EXTRA_PATH_MISSING", "ExtraPathEntry", "LEGACY_ROOT_MEMORY_FILE", "LEGACY_SPLIT", "MARKDOWN_SUFFIX",
-           "NEVER_MATCHES", "MEMORY_DIR_NAME", "MemoryFile", "NOFOLLOW_READ", "MemoryRoot", "PatternedPath",
-           "ROOT_MEMORY_FILE", "RootFile", "SKIP_DIR_NAMES", "SYMLINK_ERRNOS", "SYMLINK_SKIP", "classify_changed_path",
-           "describe_extra_path",
-           "escape_glob", "extra_roots", "is_excluded", "is_root_level_auxiliary",
-           "list_memory_files", "locate_memory_path", "memory_roots",
-           "root_memory_file", "split_pattern"]
+__all__ = ["DEFAULT_PATTERN", "DREAMS_FILE", "EXTRA_PATH_MISSING", "LEGACY_ROOT_MEMORY_FILE", "LEGACY_SPLIT",
+           "MARKDOWN_SUFFIX", "MEMORY_DIR_NAME", "NEVER_MATCHES", "NOFOLLOW_READ", "ROOT_MEMORY_FILE",
+           "SKIP_DIR_NAMES", "SYMLINK_ERRNOS", "SYMLINK_SKIP", "Discovery", "ExtraPathEntry", "MemoryFile",
+           "MemoryRoot", "PatternedPath", "RootFile", "classify_changed_path", "describe_extra_path",
+           "escape_glob", "extra_roots", "is_excluded", "is_root_level_auxiliary", "list_memory_files",
+           "locate_memory_path", "memory_roots", "root_memory_file", "split_pattern"]
 
 # Folders never descended below a root: tool, VCS and build folders that hold no notes.
 SKIP_DIR_NAMES = frozenset({

@@ -39,7 +39,7 @@ from fallback.sources.memory_files import (
 )
 from fallback.sources.transcripts import is_transcript_name
 
-__all__ = ["DEAD_WATCHER", "MAX_WATCH_DEPTH", "MISSED_GRACE_MS", "MemoryWatcher", "RESCAN_MARKER", "WatchState"]
+__all__ = ["DEAD_WATCHER", "MAX_WATCH_DEPTH", "MemoryWatcher", "RESCAN_MARKER", "WatchState"]
 
 # How often the run loop looks at the observer's health, in ms (searches and status look too).
 HEALTH_CHECK_MS = 1000

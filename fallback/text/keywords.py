@@ -20,8 +20,7 @@ from fallback.text.scripts import contains_cjk, occurrences, script_of
 if TYPE_CHECKING:
     import regex
 
-__all__ = ["CHINESE_STOP_WORDS", "JAPANESE_STOP_WORDS", "KOREAN_PARTICLES", "STOP_WORDS",
-           "cjk_words", "contraction_fragments", "extract_keywords"]
+__all__ = ["STOP_WORDS", "cjk_words", "contraction_fragments", "extract_keywords"]
 
 
 def _words(text: str) -> frozenset[str]:

@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     import regex
 
-__all__ = ["CJK_FLOOR", "CJK_SCRIPTS", "CJK_WEIGHT", "UNSPACED_SCRIPTS", "Script", "contains_cjk",
-           "contains_unspaced", "narrow_fullwidth", "occurrences", "script_of", "sha256_hex", "text_weight",
-           "word_runs", "word_stretches"]
+__all__ = ["CJK_FLOOR", "UNSPACED_SCRIPTS", "Script", "contains_cjk", "contains_unspaced", "narrow_fullwidth",
+           "occurrences", "script_of", "sha256_hex", "text_weight", "word_runs", "word_stretches"]
 
 # A CJK/kana/Hangul character is roughly one token, so the chunk budget (4 chars a token) weighs it 4.
 CJK_WEIGHT = 4

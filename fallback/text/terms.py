@@ -25,8 +25,8 @@ from fallback.text.scripts import occurrences
 if TYPE_CHECKING:
     import regex
 
-__all__ = ["CONNECTORS", "Compound", "DateMention", "compounds", "date_mentions", "derived_terms",
-           "first_heading", "title_text"]
+__all__ = ["Compound", "DateMention", "compounds", "date_mentions", "derived_terms", "first_heading",
+           "title_text"]
 
 # Characters that glue the parts of one compound (hyphen-minus, U+2010 hyphen, U+2011 non-breaking
 # hyphen, underscore).

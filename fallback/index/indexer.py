@@ -126,10 +126,8 @@ class Indexer:
         if not report.full and (report.files_indexed or report.files_deleted):
             await self._write(store, partial(_in_transaction, store, merge_segments, whole=False))
         workspace = str(self.settings.workspace_dir)
-        report.workspace_switched_from = other_workspace(held, workspace)
-        if report.workspace_switched_from is not None:
-            report.notes.append(workspace_switch_note(str(store.path), report.workspace_switched_from,
-                                                      workspace))
+        if (switched := other_workspace(held, workspace)) is not None:
+            report.notes.append(workspace_switch_note(str(store.path), switched, workspace))
         return report
 
     async def _sync(self, store: Store, *, force: bool, paths: set[str] | None) -> SyncReport:
@@ -268,7 +266,6 @@ class Indexer:
             return await anyio.to_thread.run_sync(fn)
 
     async def _index_into(self, store: Store, report: SyncReport, *, full: bool) -> None:
-        s = self.settings.search
         started = wall_clock_ms()  # before any file is looked at (fallback/index/racy.py)
         last = None if full else await anyio.to_thread.run_sync(store.get_meta_json, SCAN_STARTED_META)
         last_started = last if isinstance(last, int) else None
@@ -276,12 +273,13 @@ class Indexer:
             discover, self.settings)
         memory_skipped: list[SkippedFile] = list(discovery.skipped)
         report.files_total = len(discovery.files) + len(session_files)
-        done = await self._index_source(store, report, "memory", discovery.files, memory_skipped,
-                                        full=full, done=0, last_started=last_started)
+        self._files_done = 0
+        await self._index_source(store, report, "memory", discovery.files, memory_skipped,
+                                 full=full, last_started=last_started)
         session_skipped: list[SkippedFile] = []
-        if "sessions" in s.sources:
+        if "sessions" in self.settings.search.sources:
             await self._index_source(store, report, "sessions", session_files, session_skipped,
-                                     full=full, done=done, last_started=last_started)
+                                     full=full, last_started=last_started)
         report.skipped = memory_skipped + session_skipped
         await self._finish_embedding(store, report)
         await self._write(store, partial(self._record_scan, store, report,
@@ -296,9 +294,9 @@ class Indexer:
 
     async def _index_source(self, store: Store, report: SyncReport, source: str,
                             files: list[MemoryFile], skipped: list[SkippedFile], *, full: bool,
-                            done: int, last_started: int | None) -> int:
+                            last_started: int | None) -> None:
         """Index the files of one source (those :func:`~fallback.index.plan.read_reason`
-        says to read) and delete its stale rows; returns files done."""
+        says to read) and delete its stale rows."""
         recorded = (RecordedFiles({}, {}, []) if full
                     else await anyio.to_thread.run_sync(recorded_files, store, source))
         # caveats of unchanged files and skips of files still skipped are carried over
@@ -318,14 +316,12 @@ class Indexer:
                 active.add(mf.rel_path)
             if source == "sessions" and mf.rel_path in active:
                 report.session_sizes[str(mf.abs_path)] = mf.size
-            done += 1
-            self._files_done = done
+            self._files_done += 1
             self._report_progress(report)
         if not full:
             stale = sorted(set(recorded.rows) - active)
             await self._write(store, partial(self._delete_paths, store, stale, source))
             report.files_deleted += len(stale)
-        return done
 
     async def _read_file(self, store: Store, report: SyncReport, mf: MemoryFile,
                          known_hash: str | None, skipped: list[SkippedFile]) -> bool:

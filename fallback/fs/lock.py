@@ -1,7 +1,6 @@
 """An inter-process file lock that records its holder's pid and never waits without a deadline.
 
-Used by the store's writer lock and the qmd sidecar's locks, so it sits in ``fallback.fs``,
-below both. The model:
+The model:
 
 - The OS lock is filelock's ``FileLock`` (``flock`` on POSIX, ``msvcrt.locking`` on Windows):
   the kernel drops it when the holder dies. The lock file is never deleted (deleting a file
@@ -140,28 +139,21 @@ class PidFileLock:
                 raise self.open_error(exc) from exc
             return True
 
-    def release(self) -> None:
-        """Leave the lock once; at depth 0 the pid record is cleared and the OS lock dropped
-        (a lock not held: nothing)."""
+    def release(self, *, force: bool = False) -> None:
+        """Leave the lock once (``force``: whatever the depth); at depth 0 the pid record is
+        cleared and the OS lock dropped (a lock not held: nothing)."""
         with self._mutex:
             lock = self._lock
             if lock is None or not lock.is_locked:
                 return
-            if lock.lock_counter == 1:
-                self._clear_record()
-            lock.release()
+            if force or lock.lock_counter == 1:
+                with contextlib.suppress(OSError):
+                    os.truncate(self.path, 0)
+            lock.release(force=force)
 
     def close(self) -> None:
         """Drop the lock whatever the depth (its owner is closing); idempotent."""
-        with self._mutex:
-            lock = self._lock
-            if lock is not None and lock.is_locked:
-                self._clear_record()
-                lock.release(force=True)
-
-    def _clear_record(self) -> None:
-        with contextlib.suppress(OSError):
-            os.truncate(self.path, 0)
+        self.release(force=True)
 
     def holder_pid(self) -> int | None:
         """The pid of the live process the lock file names, or None (free, unreadable, or a
@@ -173,11 +165,7 @@ class PidFileLock:
         return int(text) if text.isdigit() and _pid_alive(int(text)) else None
 
     def _waits(self, timeout_ms: int | None) -> Iterator[float]:
-        """Attempts with backoff: yields the sleep (s) after each failed one until one succeeds.
-
-        Raises:
-            LockTimeoutError / OSError: as :meth:`acquire_blocking`.
-        """
+        """The sleeps (s) after failed attempts until one succeeds; raises as :meth:`acquire_blocking`."""
         budget_ms = self.timeout_ms if timeout_ms is None else timeout_ms
         for wait_s in backoff_s(budget_ms):
             if self.try_acquire():

@@ -175,13 +175,10 @@ def _script_runs(segment: str) -> list[tuple[str, str]]:
 def _japanese_terms(segment: str) -> list[str]:
     terms: list[str] = []
     for kind, run in _script_runs(segment):
-        if kind in ("ascii", "katakana"):
+        if kind != "other" and (kind != "hiragana" or len(run) >= 2):
             terms.append(run)
-        elif kind == "han":
-            terms.append(run)
+        if kind == "han":
             terms.extend(run[i:i + 2] for i in range(len(run) - 1))
-        elif kind == "hiragana" and len(run) >= 2:
-            terms.append(run)
     return terms
 
 
@@ -209,13 +206,9 @@ def _korean_terms(segment: str) -> list[str]:
 
 
 def _is_noise(term: str) -> bool:
-    if not term or term in STOP_WORDS:
-        return True
-    if term.isascii() and term.isalpha() and len(term) < 3:
-        return True
-    if term.isdigit():
-        return True
-    return all(unicodedata.category(ch)[0] in "PS" for ch in term)
+    return (not term or term in STOP_WORDS or term.isdigit()
+            or (term.isascii() and term.isalpha() and len(term) < 3)
+            or all(unicodedata.category(ch)[0] in "PS" for ch in term))
 
 
 def extract_keywords(query: str) -> list[str]:

@@ -199,12 +199,6 @@ def _entry_parts(entry: ExtraPathEntry) -> tuple[str, str | None]:
     return entry.path.strip(), (entry.pattern or "").strip() or None
 
 
-def _absolute(workspace: str, raw: str) -> str:
-    if raw == "~" or raw.startswith("~/"):
-        raw = os.path.expanduser(raw)
-    return os.path.normpath(os.path.join(workspace, raw))
-
-
 def describe_extra_path(entry: ExtraPathEntry) -> str:
     """One configured extra path as status shows it: ``notes (pattern *.md)``."""
     raw, pattern = _entry_parts(entry)
@@ -222,7 +216,9 @@ def extra_roots(workspace: Path, extra_paths: Sequence[ExtraPathEntry]) -> list[
         raw, pattern = _entry_parts(entry)
         if not raw:
             continue
-        absolute = _absolute(ws, raw)
+        if raw == "~" or raw.startswith("~/"):
+            raw = os.path.expanduser(raw)
+        absolute = os.path.normpath(os.path.join(ws, raw))
         st = _lstat(absolute)
         if st is not None and stat.S_ISREG(st.st_mode):
             root = MemoryRoot(Path(os.path.dirname(absolute)), escape_glob(os.path.basename(absolute)),
@@ -344,12 +340,9 @@ class _Collector:
         os.close(fd)
         self.candidates.append((path, st))
 
-    def walk(self, root: MemoryRoot, directory: str, prefix: str | None = None) -> None:
-        """Walk ``directory`` (below ``root``; ``prefix``: its path relative to the root's folder
-        with a trailing ``/``, computed when not given) in name order without following symlinks."""
-        if prefix is None:
-            top = _rel(directory, str(root.path))
-            prefix = "" if top == "." else top + "/"
+    def walk(self, root: MemoryRoot, directory: str, prefix: str = "") -> None:
+        """Walk ``directory`` (``root``'s folder, or ``prefix``, ending in ``/``, below it) in
+        name order without following symlinks."""
         # only a file at the workspace root or under .openclaw-repair/ can be auxiliary
         at = _rel(directory, self.workspace)
         maybe_auxiliary = at == "." or at.split("/", 1)[0] == ".openclaw-repair"

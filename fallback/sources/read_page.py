@@ -369,13 +369,11 @@ def _open_exact(base: Path, inner: Sequence[str], *, shown: str, follow_base: bo
     finally:
         os.close(dfd)
     try:
-        is_regular = stat.S_ISREG(os.fstat(fd).st_mode)
-    except OSError:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PathRefusedError(shown, "not a regular file")
+    except BaseException:
         os.close(fd)
         raise
-    if not is_regular:
-        os.close(fd)
-        raise PathRefusedError(shown, "not a regular file")
     return fd
 
 

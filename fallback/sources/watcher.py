@@ -1,11 +1,10 @@
 """File watcher for memory files: watchdog observers, debounced hand-off to the event loop.
 
 What is watched and which changes matter is decided by the memory-file rule
-(:func:`fallback.sources.memory_files.memory_roots`); the polling observer does not even list
-hidden or skipped folders (:meth:`MemoryWatcher.list_folder`). watchdog calls
+(:func:`fallback.sources.memory_files.memory_roots`). watchdog calls
 :meth:`MemoryWatcher.dispatch` on its own thread, which only records the path and pokes the
-loop; the debounce and the callback run in the async core. Health (:meth:`MemoryWatcher.rearm`
-replaces a dead observer) is in docs/architecture.md ("Background work and deadlines").
+loop; the debounce and the callback run in the async core. Health: docs/architecture.md
+("Background work and deadlines").
 """
 
 from __future__ import annotations
@@ -123,7 +122,10 @@ class MemoryWatcher:
         self._token: Any = None
         self._wake: anyio.Event | None = None
         self._last_change_mono = 0.0
-        self._watched_roots = self._watched_folders()
+        # the folders watched, deepest first (the roots of list_folder's depth)
+        watched = {str(workspace), str(workspace / MEMORY_DIR_NAME), *(str(r.path) for r in self.roots[2:])}
+        self._watched_roots = sorted(watched | ({str(sessions_dir)} if sessions_dir else set()),
+                                     key=len, reverse=True)
         self._heard_ns: dict[str, int] = {}  # folder -> when the observer last reported in it
         self._stamps: dict[str, int] = {}  # folder -> mtime (ns) known to be heard of
         self._subfolders: dict[str, tuple[int, list[str]]] = {}  # folder -> (mtime, subfolders)
@@ -134,8 +136,7 @@ class MemoryWatcher:
     def is_relevant(self, path: Path) -> bool:
         """Whether a changed path can affect the index, by the memory-file rule (a folder below
         a memory folder counts: it may take notes with it)."""
-        ws = self.workspace
-        if path.parent == ws and path.name in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE, MEMORY_DIR_NAME):
+        if path.parent == self.workspace and path.name in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE, MEMORY_DIR_NAME):
             return True
         for root in self.roots[1:]:
             if path == root.entry:
@@ -190,14 +191,6 @@ class MemoryWatcher:
             self._wake.set()
 
     # -- observer management ------------------------------------------------------------------
-
-    def _watched_folders(self) -> list[str]:
-        """Absolute folders the observer watches (the roots of :meth:`list_folder`'s depth)."""
-        folders = [str(self.workspace), str(self.workspace / MEMORY_DIR_NAME)]
-        folders += [str(r.entry if r.entry == r.path else r.path) for r in self.roots[2:]]
-        if self.sessions_dir is not None:
-            folders.append(str(self.sessions_dir))
-        return sorted(set(folders), key=len, reverse=True)  # deepest first
 
     def list_folder(self, path: str | None) -> Iterator[os.DirEntry[str]]:
         """What the polling observer sees of one folder below a watched root (its
@@ -373,11 +366,8 @@ class MemoryWatcher:
         ``<mode> watcher thread died``, ``watch on <folder> stopped``, ``<folder> appeared``
         (an extra folder missing at start) or ``missed changes in <folder>``. A ``stat`` per
         watched folder."""
-        if self.state.mode == "stopped":
+        if self.state.mode == "stopped" or (obs := self._observer) is None:  # None: being replaced
             return None
-        obs = self._observer
-        if obs is None:
-            return None  # being replaced right now
         if not obs.is_alive():
             return f"{self.state.mode} watcher thread died"
         try:

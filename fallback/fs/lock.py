@@ -1,7 +1,6 @@
 """An inter-process file lock that records its holder's pid and never waits without a deadline.
 
-Used by the store's writer lock and the qmd sidecar's locks, so it sits in ``fallback.fs``,
-below both. The model:
+The model:
 
 - The OS lock is filelock's ``FileLock`` (``flock`` on POSIX, ``msvcrt.locking`` on Windows):
   the kernel drops it when the holder dies. The lock file is never deleted (deleting a file
@@ -34,7 +33,7 @@ from fallback.errors import LockTimeoutError
 if TYPE_CHECKING:
     from filelock import BaseFileLock
 
-__all__ = ["BACKOFF_INITIAL_S", "BACKOFF_JITTER_S", "BACKOFF_MAX_S", "PidFileLock", "backoff_s"]
+__all__ = ["PidFileLock", "backoff_s"]
 
 # Backoff between non-blocking attempts, in seconds: doubling, capped, plus jitter so two
 # waiters do not retry in lockstep.
@@ -140,28 +139,21 @@ class PidFileLock:
                 raise self.open_error(exc) from exc
             return True
 
-    def release(self) -> None:
-        """Leave the lock once; at depth 0 the pid record is cleared and the OS lock dropped
-        (a lock not held: nothing)."""
+    def release(self, *, force: bool = False) -> None:
+        """Leave the lock once (``force``: whatever the depth); at depth 0 the pid record is
+        cleared and the OS lock dropped (a lock not held: nothing)."""
         with self._mutex:
             lock = self._lock
             if lock is None or not lock.is_locked:
                 return
-            if lock.lock_counter == 1:
-                self._clear_record()
-            lock.release()
+            if force or lock.lock_counter == 1:
+                with contextlib.suppress(OSError):
+                    os.truncate(self.path, 0)
+            lock.release(force=force)
 
     def close(self) -> None:
         """Drop the lock whatever the depth (its owner is closing); idempotent."""
-        with self._mutex:
-            lock = self._lock
-            if lock is not None and lock.is_locked:
-                self._clear_record()
-                lock.release(force=True)
-
-    def _clear_record(self) -> None:
-        with contextlib.suppress(OSError):
-            os.truncate(self.path, 0)
+        self.release(force=True)
 
     def holder_pid(self) -> int | None:
         """The pid of the live process the lock file names, or None (free, unreadable, or a
@@ -171,6 +163,16 @@ class PidFileLock:
         except OSError:
             return None
         return int(text) if text.isdigit() and _pid_alive(int(text)) else None
+
+    def _waits(self, timeout_ms: int | None) -> Iterator[float]:
+        """The sleeps (s) after failed attempts until one succeeds; raises as :meth:`acquire_blocking`."""
+        budget_ms = self.timeout_ms if timeout_ms is None else timeout_ms
+        for wait_s in backoff_s(budget_ms):
+            if self.try_acquire():
+                return
+            yield wait_s
+        if not self.try_acquire():  # the last attempt, at the end of the budget
+            raise self.timeout_error(budget_ms)
 
     def acquire_blocking(self, *, timeout_ms: int | None = None) -> None:
         """Acquire from a worker thread: attempts with backoff (``time.sleep``) up to a budget.
@@ -182,13 +184,8 @@ class PidFileLock:
             LockTimeoutError: the budget ran out (or the subclass's :meth:`timeout_error`).
             OSError: the lock file cannot be opened (or the subclass's :meth:`open_error`).
         """
-        budget_ms = self.timeout_ms if timeout_ms is None else timeout_ms
-        for wait_s in backoff_s(budget_ms):
-            if self.try_acquire():
-                return
+        for wait_s in self._waits(timeout_ms):
             time.sleep(wait_s)
-        if not self.try_acquire():  # the last attempt, at the end of the budget
-            raise self.timeout_error(budget_ms)
 
     async def acquire(self, *, timeout_ms: int | None = None) -> None:
         """Acquire without blocking the event loop: attempts with backoff (``anyio.sleep``).
@@ -197,16 +194,10 @@ class PidFileLock:
             timeout_ms: budget in ms (default :attr:`timeout_ms`).
 
         Raises:
-            LockTimeoutError: as :meth:`acquire_blocking`.
-            OSError: as :meth:`acquire_blocking`.
+            LockTimeoutError / OSError: as :meth:`acquire_blocking`.
         """
-        budget_ms = self.timeout_ms if timeout_ms is None else timeout_ms
-        for wait_s in backoff_s(budget_ms):
-            if self.try_acquire():
-                return
+        for wait_s in self._waits(timeout_ms):
             await anyio.sleep(wait_s)
-        if not self.try_acquire():
-            raise self.timeout_error(budget_ms)
 
     @contextlib.contextmanager
     def hold_blocking(self) -> Iterator[None]:

@@ -17,8 +17,7 @@ from fallback.store.readonly import ReadOnlyStore
 if TYPE_CHECKING:
     from fallback.store.postgres.store import PostgresStore
 
-__all__ = ["CACHE_LOOKUP_BATCH", "fingerprint", "lookup", "lookup_shared", "prune",
-           "store_and_prune"]
+__all__ = ["fingerprint", "lookup", "lookup_shared", "prune", "store_and_prune"]
 
 # Hashes per SQL ``IN`` list when looking up the embedding cache (spec §6.3).
 CACHE_LOOKUP_BATCH = 400

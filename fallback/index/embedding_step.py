@@ -27,7 +27,7 @@ from fallback.text.chunking import Chunk
 if TYPE_CHECKING:
     from fallback.store.db import Store
 
-__all__ = ["BACKLOG_KEY", "EMBED_COMMIT_BATCH", "PENDING_BATCH", "DimensionsChanged", "EmbeddingStep"]
+__all__ = ["BACKLOG_KEY", "DimensionsChanged", "EmbeddingStep"]
 
 # Meta key of ``{"pending": chunks without a vector, "error": provider error or None}``.
 BACKLOG_KEY = "embedding_backlog"
@@ -121,11 +121,10 @@ class EmbeddingStep:
             DimensionsChanged: the provider's vectors no longer have the index's length.
             IndexStoreError: the store cannot be read or written.
         """
-        p = self.provider
         hashes = list(dict.fromkeys(c.content_hash for c in chunks))
         found: dict[str, list[float]] = {}
         if self._cache_enabled:
-            found = await anyio.to_thread.run_sync(self._lookup, store, p, hashes)
+            found = await anyio.to_thread.run_sync(self._lookup, store, self.provider, hashes)
             dims = self.index_dims if self.index_dims is not None else self.provider.dims
             if dims is not None:  # vectors of another size (an older model) are not reused
                 found = {h: v for h, v in found.items() if len(v) == dims}
@@ -212,18 +211,14 @@ class EmbeddingStep:
             with anyio.CancelScope(deadline=end, shield=bounded) as scope:
                 await self.fill_pending(store, report, model=model, sources=sources)
             self.deferred = self.deferred or scope.cancelled_caught
-        with anyio.CancelScope(shield=bounded):  # a short write, past the budget if need be
-            await self._record(store, report, model=model, sources=sources)
-
-    async def _record(self, store: Store, report: SyncReport, *, model: str,
-                      sources: Sequence[str]) -> None:
         report.embedding_error = str(self.error) if self.error is not None else None
         report.embedding_exception = self.error
         marks = ", ".join("?" for _ in sources)
-        report.chunks_pending = int((await anyio.to_thread.run_sync(
-            store.query, f"SELECT COUNT(*) FROM chunks WHERE vector IS NULL AND model = ?"
-                         f" AND source IN ({marks})", [model, *sources]))[0][0])
-        await self._write(store, partial(_record_backlog, store, report, self.provider.dims))
+        with anyio.CancelScope(shield=bounded):  # a short write, past the budget if need be
+            report.chunks_pending = int((await anyio.to_thread.run_sync(
+                store.query, f"SELECT COUNT(*) FROM chunks WHERE vector IS NULL AND model = ?"
+                             f" AND source IN ({marks})", [model, *sources]))[0][0])
+            await self._write(store, partial(_record_backlog, store, report, self.provider.dims))
 
     async def fill_pending(self, store: Store, report: SyncReport, *, model: str,
                            sources: Sequence[str]) -> None:

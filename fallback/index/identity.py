@@ -29,12 +29,6 @@ def chunk_id(*, source: str, path: str, start_line: int, end_line: int, content_
     return sha256_hex(f"{source}:{path}:{start_line}:{end_line}:{content_hash}:{model}")
 
 
-def _none_provider_key() -> str:
-    import orjson
-
-    return sha256_hex(orjson.dumps({"provider": "none", "model": FTS_ONLY_MODEL}))
-
-
 def index_identity(settings: EngineSettings, provider: EmbeddingProvider | None) -> dict[str, Any]:
     """The identity an index is built for (spec §4.3); any change forces a full reindex.
 
@@ -55,7 +49,8 @@ def index_identity(settings: EngineSettings, provider: EmbeddingProvider | None)
     return {
         "model": provider.model if provider else FTS_ONLY_MODEL,
         "provider": provider.provider_id if provider else "none",
-        "providerKey": provider.provider_key if provider else _none_provider_key(),
+        "providerKey": (provider.provider_key if provider
+                        else sha256_hex(orjson.dumps({"provider": "none", "model": FTS_ONLY_MODEL}))),
         "vectorDims": provider.dims if provider else None,
         "sources": sorted(s.sources),
         "chunkTokens": s.chunking.tokens,

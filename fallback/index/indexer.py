@@ -8,6 +8,7 @@ never stop a sync (``fallback/index/embedding_step.py``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -123,20 +124,17 @@ class Indexer:
         self._skip_stamps = {}
         report = await self._sync(store, force=force, paths=paths)
         if not report.full and (report.files_indexed or report.files_deleted):
-            await self._write(store, partial(self._merge_segments, store, whole=False))
+            await self._write(store, partial(_in_transaction, store, merge_segments, whole=False))
         workspace = str(self.settings.workspace_dir)
-        report.workspace_switched_from = other_workspace(held, workspace)
-        if report.workspace_switched_from is not None:
-            report.notes.append(workspace_switch_note(str(store.path), report.workspace_switched_from,
-                                                      workspace))
+        if (switched := other_workspace(held, workspace)) is not None:
+            report.notes.append(workspace_switch_note(str(store.path), switched, workspace))
         return report
 
     async def _sync(self, store: Store, *, force: bool, paths: set[str] | None) -> SyncReport:
-        identity = index_identity(self.settings, self.provider)
         meta = await anyio.to_thread.run_sync(store.get_meta_json, META_KEY)
-        reason = "force" if force else full_reindex_reason(meta, identity)
+        reason = "force" if force else full_reindex_reason(meta, index_identity(self.settings, self.provider))
         if reason is not None:
-            return await self._full_reindex(store, identity, reason)
+            return await self._full_reindex(store, reason)
         dims = meta.get("vectorDims") if isinstance(meta, dict) else None
         self._step = self._new_step(dims if isinstance(dims, int) else None)
         report = SyncReport()
@@ -144,8 +142,7 @@ class Indexer:
             if paths is None or not await self._index_paths(store, report, paths):
                 await self._index_into(store, report, full=False)
         except DimensionsChanged as exc:
-            return await self._full_reindex(store, index_identity(self.settings, self.provider),
-                                            str(exc))
+            return await self._full_reindex(store, str(exc))
         return report
 
     async def sync_recovering_readonly(self, store: Store, *, force: bool = False,
@@ -209,20 +206,20 @@ class Indexer:
         return (item.path, source, item.reason,
                 *self._skip_stamps.get((source, item.path), (None, None, None)))
 
-    async def _full_reindex(self, live: Store, identity: dict[str, Any], reason: str) -> SyncReport:
+    async def _full_reindex(self, live: Store, reason: str) -> SyncReport:
         try:
-            return await self._rebuild(live, identity, reason)
+            return await self._rebuild(live, reason)
         except DimensionsChanged:
             # the provider switched its vector size during the rebuild: once more, at the new size
             try:
-                return await self._rebuild(live, index_identity(self.settings, self.provider),
-                                           reason)
+                return await self._rebuild(live, reason)
             except DimensionsChanged as exc:
                 assert self.provider is not None
                 raise EmbeddingProviderError(self.provider.provider_id,
                                              f"{exc} twice during one rebuild") from exc
 
-    async def _rebuild(self, live: Store, identity: dict[str, Any], reason: str) -> SyncReport:
+    async def _rebuild(self, live: Store, reason: str) -> SyncReport:
+        meta = index_identity(self.settings, self.provider)
         self._step = self._new_step(None)
         report = SyncReport(full=True, full_reason=reason)
         temp_path = temp_db_path(live.path)
@@ -236,23 +233,22 @@ class Indexer:
             self._live_store = live
             try:
                 if self.settings.search.cache.enabled:
-                    try:
+                    # an unreadable live store is exactly what a rebuild replaces
+                    with contextlib.suppress(IndexStoreError):
                         await anyio.to_thread.run_sync(temp.attach_copy_cache, live.path)
-                    except IndexStoreError:
-                        pass  # an unreadable live store is exactly what a rebuild replaces
                 await self._index_into(temp, report, full=True)
                 if reason == "force" and self._step is not None and self._step.error is not None:
                     # a forced rebuild of the same index must not trade its vectors for a
                     # provider outage: keep the live index and say why
                     raise self._step.error
-                meta = dict(identity)
                 dims = await anyio.to_thread.run_sync(
                     temp.query, "SELECT dims FROM chunks WHERE dims IS NOT NULL LIMIT 1")
                 if dims:
                     meta["vectorDims"] = int(dims[0][0])
                 await self._write(temp, partial(temp.set_meta, META_KEY, meta))
-                await self._write(temp, partial(self._prune_cache, temp))
-                await self._write(temp, partial(self._merge_segments, temp, whole=True))
+                await self._write(temp, partial(_in_transaction, temp, embedding_cache.prune,
+                                                max_entries=self.settings.search.cache.max_entries))
+                await self._write(temp, partial(_in_transaction, temp, merge_segments, whole=True))
             finally:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(temp.close)
@@ -270,7 +266,6 @@ class Indexer:
             return await anyio.to_thread.run_sync(fn)
 
     async def _index_into(self, store: Store, report: SyncReport, *, full: bool) -> None:
-        s = self.settings.search
         started = wall_clock_ms()  # before any file is looked at (fallback/index/racy.py)
         last = None if full else await anyio.to_thread.run_sync(store.get_meta_json, SCAN_STARTED_META)
         last_started = last if isinstance(last, int) else None
@@ -278,12 +273,13 @@ class Indexer:
             discover, self.settings)
         memory_skipped: list[SkippedFile] = list(discovery.skipped)
         report.files_total = len(discovery.files) + len(session_files)
-        done = await self._index_source(store, report, "memory", discovery.files, memory_skipped,
-                                        full=full, done=0, last_started=last_started)
+        self._files_done = 0
+        await self._index_source(store, report, "memory", discovery.files, memory_skipped,
+                                 full=full, last_started=last_started)
         session_skipped: list[SkippedFile] = []
-        if "sessions" in s.sources:
+        if "sessions" in self.settings.search.sources:
             await self._index_source(store, report, "sessions", session_files, session_skipped,
-                                     full=full, done=done, last_started=last_started)
+                                     full=full, last_started=last_started)
         report.skipped = memory_skipped + session_skipped
         await self._finish_embedding(store, report)
         await self._write(store, partial(self._record_scan, store, report,
@@ -298,9 +294,9 @@ class Indexer:
 
     async def _index_source(self, store: Store, report: SyncReport, source: str,
                             files: list[MemoryFile], skipped: list[SkippedFile], *, full: bool,
-                            done: int, last_started: int | None) -> int:
+                            last_started: int | None) -> None:
         """Index the files of one source (those :func:`~fallback.index.plan.read_reason`
-        says to read) and delete its stale rows; returns files done."""
+        says to read) and delete its stale rows."""
         recorded = (RecordedFiles({}, {}, []) if full
                     else await anyio.to_thread.run_sync(recorded_files, store, source))
         # caveats of unchanged files and skips of files still skipped are carried over
@@ -320,14 +316,12 @@ class Indexer:
                 active.add(mf.rel_path)
             if source == "sessions" and mf.rel_path in active:
                 report.session_sizes[str(mf.abs_path)] = mf.size
-            done += 1
-            self._files_done = done
+            self._files_done += 1
             self._report_progress(report)
         if not full:
             stale = sorted(set(recorded.rows) - active)
             await self._write(store, partial(self._delete_paths, store, stale, source))
             report.files_deleted += len(stale)
-        return done
 
     async def _read_file(self, store: Store, report: SyncReport, mf: MemoryFile,
                          known_hash: str | None, skipped: list[SkippedFile]) -> bool:
@@ -343,7 +337,7 @@ class Indexer:
             return False
         skipped.extend(read_notes(mf, read))
         if known_hash == read.content_hash:
-            await self._write(store, partial(self._touch_file, store, mf, read))
+            await self._write(store, partial(_in_transaction, store, _touch_file, mf, read))
         else:
             await self._index_file(store, mf, read, report, line_map=line_map)
         return True
@@ -380,10 +374,6 @@ class Indexer:
         embedding_cache.store_and_prune(store, self.provider, vectors, hits, now_ms=self._now_ms(),
                                         max_entries=self.settings.search.cache.max_entries)
 
-    def _prune_cache(self, store: Store) -> None:
-        with store.transaction() as conn:
-            embedding_cache.prune(conn, max_entries=self.settings.search.cache.max_entries)
-
     def _write_file(self, store: Store, mf: MemoryFile, content: FileContent,
                     chunks: list[tuple[str, Chunk]], vectors: list[list[list[float]]]) -> None:
         now = self._now_ms()
@@ -412,20 +402,6 @@ class Indexer:
                          " VALUES (?, ?, ?, ?, ?, ?)",
                          (mf.rel_path, mf.source, content.content_hash, content.mtime_ms,
                           content.size, content.ctime_ns))
-
-    @staticmethod
-    def _touch_file(store: Store, mf: MemoryFile, content: FileContent) -> None:
-        """Record the stamps of a file read again whose content hash is unchanged (its chunks
-        stay as they are)."""
-        with store.transaction() as conn:
-            conn.execute("UPDATE files SET mtime = ?, size = ?, ctime = ?"
-                         " WHERE path = ? AND source = ?",
-                         (content.mtime_ms, content.size, content.ctime_ns, mf.rel_path, mf.source))
-
-    @staticmethod
-    def _merge_segments(store: Store, *, whole: bool) -> None:
-        with store.transaction() as conn:
-            merge_segments(conn, whole=whole)
 
     @staticmethod
     def _delete_paths(store: Store, paths: list[str], source: str) -> None:
@@ -504,6 +480,19 @@ def read_notes(mf: MemoryFile, read: FileContent) -> list[SkippedFile]:
         notes.append(SkippedFile(path=mf.rel_path,
                                  reason=NUL_BYTES_NOTE.format(count=read.nul_bytes)))
     return notes
+
+
+def _in_transaction(store: Store, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(conn, *args, **kwargs)`` in one write transaction of ``store``."""
+    with store.transaction() as conn:
+        return fn(conn, *args, **kwargs)
+
+
+def _touch_file(conn: Any, mf: MemoryFile, content: FileContent) -> None:
+    """Record the stamps of a file read again whose content hash is unchanged (its chunks
+    stay as they are)."""
+    conn.execute("UPDATE files SET mtime = ?, size = ?, ctime = ? WHERE path = ? AND source = ?",
+                 (content.mtime_ms, content.size, content.ctime_ns, mf.rel_path, mf.source))
 
 
 def _delete_rows(conn: Any, path: str, source: str) -> None:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LEASE_WAIT_MS", "WRITE_BATCH_FILES", "held_hash", "sync_through_lease"]
+__all__ = ["WRITE_BATCH_FILES", "sync_through_lease"]
 
 # How long a sync waits for another host's sync of the same agent and workspace, ms.
 LEASE_WAIT_MS = 30_000

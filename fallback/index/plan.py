@@ -45,17 +45,9 @@ def recorded_files(store: MetaReads, source: str) -> RecordedFiles:
 
 
 def read_reason(mf: MemoryFile, recorded: RecordedFiles, *, last_started: int | None) -> str | None:
-    """Why an incremental sync reads ``mf``, or ``None`` when it trusts what it recorded.
-
-    Args:
-        mf: a discovered file.
-        recorded: the store's rows of its source.
-        last_started: the previous scan's start, epoch ms, ``None`` when none is recorded.
-
-    Returns:
-        ``None`` (a row holds its stamps), ``new``, ``changed`` or ``racily clean``
-        (``fallback/index/racy.py``).
-    """
+    """Why an incremental sync reads ``mf`` (``new``, ``changed`` or ``racily clean``), or
+    ``None`` when a row of ``recorded`` holds its stamps; ``last_started``: the previous scan's
+    start, epoch ms, ``None`` when none is recorded."""
     row = recorded.rows.get(mf.rel_path)
     stamp = row[1] if row is not None else recorded.skip_stamps.get(mf.rel_path)
     if stamp is None:
@@ -75,7 +67,7 @@ def scan_change(found: Discovery, recorded: RecordedFiles, *, last_started: int 
     Args:
         found: discovery of the memory files.
         recorded: the store's rows of the ``memory`` source.
-        last_started: the previous scan's start, epoch ms, or ``None``.
+        last_started: as :func:`read_reason`.
         stored_issues: the ``scan_issues`` meta value.
 
     Returns:

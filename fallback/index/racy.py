@@ -33,15 +33,9 @@ def racy_window_ms(stamp_ns: int) -> int:
 
 
 def racily_clean(stamp_ns: int, scan_started_ms: int | None) -> bool:
-    """Whether a file stamped at ``stamp_ns`` may have been saved again unseen since a scan
-    that started at ``scan_started_ms`` read it.
-
-    Args:
-        stamp_ns: the file's mtime (a config file's ctime), epoch ns.
-        scan_started_ms: :data:`SCAN_STARTED_META` of the index (or when a config file was
-            looked at), epoch ms; ``None``: every file counts.
-
-    Returns: True when the stamp is not at least :func:`racy_window_ms` before the scan's start.
-    """
+    """Whether a file stamped at ``stamp_ns`` (epoch ns: its mtime, a config file's ctime) may
+    have been saved again unseen since a scan that started at ``scan_started_ms`` (epoch ms:
+    :data:`SCAN_STARTED_META`; ``None``: every file counts) read it: the stamp is not at least
+    :func:`racy_window_ms` before the scan's start."""
     return scan_started_ms is None or (
         stamp_ns // 1_000_000 > scan_started_ms - racy_window_ms(stamp_ns))

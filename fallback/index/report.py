@@ -17,8 +17,7 @@ class SyncReport:
     (provider or cache), filled in later and still ``pending`` a vector; window texts sent to
     the provider; the provider error that stopped embedding (``embedding_error``, the exception
     itself for live mode to raise); files skipped or indexed with a caveat; scan issues;
-    transcript sizes as indexed (absolute path -> bytes); the workspace the store held before
-    (``workspace_switched_from``); one-off ``notes`` to tell once."""
+    transcript sizes as indexed (absolute path -> bytes); one-off ``notes`` to tell once."""
 
     full: bool = False
     full_reason: str | None = None
@@ -37,5 +36,4 @@ class SyncReport:
     skipped: list[SkippedFile] = field(default_factory=list)
     issues: list[str] = field(default_factory=list)
     session_sizes: dict[str, int] = field(default_factory=dict)
-    workspace_switched_from: str | None = None
     notes: list[str] = field(default_factory=list)

@@ -8,8 +8,7 @@ import struct
 
 from fallback.text.chunking import Chunk, chunk_markdown, split_by_utf8_bytes
 
-__all__ = ["EMBED_WINDOW_OVERLAP", "EMBED_WINDOW_TOKENS", "MAX_EMBED_INPUT_BYTES", "chunk_windows",
-           "pack_windows"]
+__all__ = ["EMBED_WINDOW_OVERLAP", "EMBED_WINDOW_TOKENS", "chunk_windows", "pack_windows"]
 
 # Embedding inputs are capped at this many UTF-8 bytes, whatever the provider allows (spec §3).
 MAX_EMBED_INPUT_BYTES = 8000

@@ -22,14 +22,12 @@ from fallback.sources.globs import escape_glob, glob_matcher, never_ends_with, s
 from fallback.sources.stamps import change_time_ns
 from fallback.text.path_names import printable_path
 
-__all__ = ["DEFAULT_PATTERN", "DREAMS_FILE", "Discovery",
-           "EXTRA_PATH_MISSING", "ExtraPathEntry", "LEGACY_ROOT_MEMORY_FILE", "LEGACY_SPLIT", "MARKDOWN_SUFFIX",
-           "NEVER_MATCHES", "MEMORY_DIR_NAME", "MemoryFile", "NOFOLLOW_READ", "MemoryRoot", "PatternedPath",
-           "ROOT_MEMORY_FILE", "RootFile", "SKIP_DIR_NAMES", "SYMLINK_ERRNOS", "SYMLINK_SKIP", "classify_changed_path",
-           "describe_extra_path",
-           "escape_glob", "extra_roots", "is_excluded", "is_root_level_auxiliary",
-           "list_memory_files", "locate_memory_path", "memory_roots",
-           "root_memory_file", "split_pattern"]
+__all__ = ["DEFAULT_PATTERN", "DREAMS_FILE", "EXTRA_PATH_MISSING", "LEGACY_ROOT_MEMORY_FILE", "LEGACY_SPLIT",
+           "MARKDOWN_SUFFIX", "MEMORY_DIR_NAME", "NEVER_MATCHES", "NOFOLLOW_READ", "ROOT_MEMORY_FILE",
+           "SKIP_DIR_NAMES", "SYMLINK_ERRNOS", "SYMLINK_SKIP", "Discovery", "ExtraPathEntry", "MemoryFile",
+           "MemoryRoot", "PatternedPath", "RootFile", "classify_changed_path", "describe_extra_path",
+           "escape_glob", "extra_roots", "is_excluded", "is_root_level_auxiliary", "list_memory_files",
+           "locate_memory_path", "memory_roots", "root_memory_file", "split_pattern"]
 
 # Folders never descended below a root: tool, VCS and build folders that hold no notes.
 SKIP_DIR_NAMES = frozenset({
@@ -201,12 +199,6 @@ def _entry_parts(entry: ExtraPathEntry) -> tuple[str, str | None]:
     return entry.path.strip(), (entry.pattern or "").strip() or None
 
 
-def _absolute(workspace: str, raw: str) -> str:
-    if raw == "~" or raw.startswith("~/"):
-        raw = os.path.expanduser(raw)
-    return os.path.normpath(os.path.join(workspace, raw))
-
-
 def describe_extra_path(entry: ExtraPathEntry) -> str:
     """One configured extra path as status shows it: ``notes (pattern *.md)``."""
     raw, pattern = _entry_parts(entry)
@@ -224,7 +216,9 @@ def extra_roots(workspace: Path, extra_paths: Sequence[ExtraPathEntry]) -> list[
         raw, pattern = _entry_parts(entry)
         if not raw:
             continue
-        absolute = _absolute(ws, raw)
+        if raw == "~" or raw.startswith("~/"):
+            raw = os.path.expanduser(raw)
+        absolute = os.path.normpath(os.path.join(ws, raw))
         st = _lstat(absolute)
         if st is not None and stat.S_ISREG(st.st_mode):
             root = MemoryRoot(Path(os.path.dirname(absolute)), escape_glob(os.path.basename(absolute)),
@@ -346,12 +340,9 @@ class _Collector:
         os.close(fd)
         self.candidates.append((path, st))
 
-    def walk(self, root: MemoryRoot, directory: str, prefix: str | None = None) -> None:
-        """Walk ``directory`` (below ``root``; ``prefix``: its path relative to the root's folder
-        with a trailing ``/``, computed when not given) in name order without following symlinks."""
-        if prefix is None:
-            top = _rel(directory, str(root.path))
-            prefix = "" if top == "." else top + "/"
+    def walk(self, root: MemoryRoot, directory: str, prefix: str = "") -> None:
+        """Walk ``directory`` (``root``'s folder, or ``prefix``, ending in ``/``, below it) in
+        name order without following symlinks."""
         # only a file at the workspace root or under .openclaw-repair/ can be auxiliary
         at = _rel(directory, self.workspace)
         maybe_auxiliary = at == "." or at.split("/", 1)[0] == ".openclaw-repair"

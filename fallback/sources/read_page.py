@@ -71,9 +71,8 @@ from fallback.sources.transcripts import (
 from fallback.text.chunking import file_lines, truncate_chars
 from fallback.text.path_names import parse_printable_path, printable_path
 
-__all__ = ["SYMLINK_HINT", "DEFAULT_READ_LINES", "DEFAULT_READ_MAX_CHARS", "DREAMS_REFUSED",
-           "LEGACY_SHADOWED", "NOT_THE_ROOT_FILE", "ResolvedMemoryPath", "auxiliary_refusal", "open_memory_file",
-           "page_text", "read_memory_page", "read_page_in_root", "read_shared_page",
+__all__ = ["DEFAULT_READ_LINES", "LEGACY_SHADOWED", "ResolvedMemoryPath", "auxiliary_refusal",
+           "open_memory_file", "page_text", "read_memory_page", "read_page_in_root", "read_shared_page",
            "resolve_memory_path", "shared_name", "shared_path", "transcript_name"]
 
 # Refusals of ``memory.md`` once ``MEMORY.md`` exists: as another file, or as the only one.
@@ -95,9 +94,6 @@ STREAM_ABOVE_BYTES = 1 << 20
 SKIP_BLOCK_BYTES = 1 << 16
 _BYTE_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 _TRANSIENT_ERRNOS = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR})
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 # openat-style walks need os.open(..., dir_fd=...) (every POSIX platform; not Windows).
 _HAS_DIR_FD = os.open in os.supports_dir_fd
 
@@ -304,7 +300,7 @@ def _resolve(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel_path: s
 
 
 def _open_dir(name: str | Path, dir_fd: int | None, *, follow: bool, shown: str) -> int:
-    flags = os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC | (0 if follow else _O_NOFOLLOW)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         return os.open(name, flags, dir_fd=dir_fd)
     except OSError as exc:
@@ -363,7 +359,7 @@ def _open_exact(base: Path, inner: Sequence[str], *, shown: str, follow_base: bo
             os.close(dfd)
             dfd = nfd
         try:
-            fd = os.open(inner[-1], NOFOLLOW_READ | _O_CLOEXEC, dir_fd=dfd)
+            fd = os.open(inner[-1], NOFOLLOW_READ | os.O_CLOEXEC, dir_fd=dfd)
         except OSError as exc:
             if exc.errno in SYMLINK_ERRNOS:
                 raise PathRefusedError(shown, "symlink", hint=SYMLINK_HINT) from exc
@@ -373,13 +369,11 @@ def _open_exact(base: Path, inner: Sequence[str], *, shown: str, follow_base: bo
     finally:
         os.close(dfd)
     try:
-        is_regular = stat.S_ISREG(os.fstat(fd).st_mode)
-    except OSError:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PathRefusedError(shown, "not a regular file")
+    except BaseException:
         os.close(fd)
         raise
-    if not is_regular:
-        os.close(fd)
-        raise PathRefusedError(shown, "not a regular file")
     return fd
 
 
@@ -522,7 +516,7 @@ def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: 
                       from_line: int | None = None, lines: int | None = None,
                       backend: str = "qmd", from_char: int | None = None) -> MemoryReadResult:
     """Read one page of ``root.path/inner`` (a qmd collection's file) with the rule's
-    refusals and the same safe open.
+    refusals and the same safe open; returns and raises as :func:`read_memory_page`.
 
     Args:
         root: the collection as a memory root (its folder and pattern).
@@ -531,12 +525,6 @@ def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: 
         follow_base: whether the root folder itself may be a symlink.
         from_line / lines / from_char: as in :func:`read_memory_page`.
         backend: names the backend in :class:`~fallback.errors.BackendUnavailableError`.
-
-    Returns:
-        The page; ``missing=True`` with empty text when the file does not exist.
-
-    Raises:
-        PathRefusedError, BackendUnavailableError: as :func:`read_memory_page`.
     """
     segments = _check_text(inner, shown)
     if ".." in segments:
@@ -577,19 +565,17 @@ def read_shared_page(read_text: Callable[[str], str | None], rel_path: str, *,
         read_text: returns the text of the owner's memory file at a path relative to the
             owner's workspace, or ``None`` when the owner's index holds no such file (blocking).
         rel_path: the ``shared/<owner>/<path>`` asked for.
-        from_line / lines / from_char: as :func:`page_text` (120 lines, 12,000 code points
-            by default).
+        from_line / lines / from_char: as :func:`page_text`.
 
     Returns:
-        The page, its ``path`` the shared path with the owner's path normalised;
-        ``text=""``, ``lines=0``, ``missing=True`` when there is no such file.
+        The page, its ``path`` the shared path with the owner's path normalised (no such file:
+        ``missing=True``, as :func:`read_memory_page`).
 
     Raises:
         PathRefusedError: with a reason of the module docstring.
         IndexStoreError: the owner's index cannot be read.
     """
-    named = shared_name(rel_path)
-    if named is None:
+    if (named := shared_name(rel_path)) is None:
         raise PathRefusedError(rel_path, "not a memory path")
     segments = _check_text(named[1], rel_path)
     path = posixpath.normpath("/".join(segments))

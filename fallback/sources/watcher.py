@@ -1,16 +1,16 @@
 """File watcher for memory files: watchdog observers, debounced hand-off to the event loop.
 
 What is watched and which changes matter is decided by the memory-file rule
-(:func:`fallback.sources.memory_files.memory_roots`); the polling observer does not even list
-hidden or skipped folders (:meth:`MemoryWatcher.list_folder`). watchdog calls
+(:func:`fallback.sources.memory_files.memory_roots`). watchdog calls
 :meth:`MemoryWatcher.dispatch` on its own thread, which only records the path and pokes the
-loop; the debounce and the callback run in the async core. Health (:meth:`MemoryWatcher.rearm`
-replaces a dead observer) is in docs/architecture.md ("Background work and deadlines").
+loop; the debounce and the callback run in the async core. Health: docs/architecture.md
+("Background work and deadlines").
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -38,7 +38,7 @@ from fallback.sources.memory_files import (
 )
 from fallback.sources.transcripts import is_transcript_name
 
-__all__ = ["DEAD_WATCHER", "MAX_WATCH_DEPTH", "MISSED_GRACE_MS", "MemoryWatcher", "RESCAN_MARKER", "WatchState"]
+__all__ = ["DEAD_WATCHER", "MAX_WATCH_DEPTH", "MemoryWatcher", "RESCAN_MARKER", "WatchState"]
 
 # How often the run loop looks at the observer's health, in ms (searches and status look too).
 HEALTH_CHECK_MS = 1000
@@ -122,7 +122,10 @@ class MemoryWatcher:
         self._token: Any = None
         self._wake: anyio.Event | None = None
         self._last_change_mono = 0.0
-        self._watched_roots = self._watched_folders()
+        # the folders watched, deepest first (the roots of list_folder's depth)
+        watched = {str(workspace), str(workspace / MEMORY_DIR_NAME), *(str(r.path) for r in self.roots[2:])}
+        self._watched_roots = sorted(watched | ({str(sessions_dir)} if sessions_dir else set()),
+                                     key=len, reverse=True)
         self._heard_ns: dict[str, int] = {}  # folder -> when the observer last reported in it
         self._stamps: dict[str, int] = {}  # folder -> mtime (ns) known to be heard of
         self._subfolders: dict[str, tuple[int, list[str]]] = {}  # folder -> (mtime, subfolders)
@@ -133,8 +136,7 @@ class MemoryWatcher:
     def is_relevant(self, path: Path) -> bool:
         """Whether a changed path can affect the index, by the memory-file rule (a folder below
         a memory folder counts: it may take notes with it)."""
-        ws = self.workspace
-        if path.parent == ws and path.name in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE, MEMORY_DIR_NAME):
+        if path.parent == self.workspace and path.name in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE, MEMORY_DIR_NAME):
             return True
         for root in self.roots[1:]:
             if path == root.entry:
@@ -179,13 +181,9 @@ class MemoryWatcher:
             self._poke()
 
     def _poke(self) -> None:
-        token = self._token
-        if token is None:
-            return
-        try:
-            anyio.from_thread.run_sync(self._wake_loop, token=token)
-        except RuntimeError:
-            pass  # the loop is shutting down
+        if (token := self._token) is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is shutting down
+                anyio.from_thread.run_sync(self._wake_loop, token=token)
 
     def _wake_loop(self) -> None:
         self._last_change_mono = time.monotonic()
@@ -193,14 +191,6 @@ class MemoryWatcher:
             self._wake.set()
 
     # -- observer management ------------------------------------------------------------------
-
-    def _watched_folders(self) -> list[str]:
-        """Absolute folders the observer watches (the roots of :meth:`list_folder`'s depth)."""
-        folders = [str(self.workspace), str(self.workspace / MEMORY_DIR_NAME)]
-        folders += [str(r.entry if r.entry == r.path else r.path) for r in self.roots[2:]]
-        if self.sessions_dir is not None:
-            folders.append(str(self.sessions_dir))
-        return sorted(set(folders), key=len, reverse=True)  # deepest first
 
     def list_folder(self, path: str | None) -> Iterator[os.DirEntry[str]]:
         """What the polling observer sees of one folder below a watched root (its
@@ -332,23 +322,8 @@ class MemoryWatcher:
         return f"missed changes in {missed[0]}{more}"
 
     def _install(self, polling: bool) -> bool:
-        """Start an observer (:meth:`_launch_or_poll`) and make it this watcher's; whether it polls."""
-        obs, polling = self._launch_or_poll(polling)
-        with self._obs_lock:
-            self._observer = obs
-            self.state.mode = "polling" if polling else "native"
-            self._missed = None
-            self._stamps = self._folder_stamps()
-        self._schedule_memory_dir()  # memory/ may have appeared while the observer started
-        return polling
-
-    def _start_observer(self) -> None:
-        if self._install(self.force_polling) and not self.force_polling:  # events may be lost: rescan
-            with self._lock:
-                self.state.pending.add(RESCAN_MARKER)
-
-    def _launch_or_poll(self, polling: bool) -> tuple[Any, bool]:
-        """``(observer, polls)``: a native one that cannot start falls back to polling.
+        """Start an observer and make it this watcher's (blocking); a native one that cannot
+        start falls back to polling. Returns whether it polls.
 
         Raises:
             MemorySearchError: the workspace folder is missing.
@@ -358,14 +333,20 @@ class MemoryWatcher:
             raise MemorySearchError(f"workspace {self.workspace} is missing: its memory files "
                                     "are watched again once it is back")
         try:
-            return self._launch(polling), polling
+            obs = self._launch(polling)
         except OSError as exc:
             if polling:
                 raise
-            self.state.degraded_reason = (
-                "inotify watch limit reached (raise fs.inotify.max_user_watches)"
-                if getattr(exc, "errno", None) == 28 else f"native watcher failed: {exc}")
-            return self._launch(True), True
+            self.state.degraded_reason = ("inotify watch limit reached (raise fs.inotify.max_user_watches)"
+                                          if exc.errno == errno.ENOSPC else f"native watcher failed: {exc}")
+            obs, polling = self._launch(True), True
+        with self._obs_lock:
+            self._observer = obs
+            self.state.mode = "polling" if polling else "native"
+            self._missed = None
+            self._stamps = self._folder_stamps()
+        self._schedule_memory_dir()  # memory/ may have appeared while the observer started
+        return polling
 
     def _stop_observer(self) -> None:
         with self._obs_lock:
@@ -385,11 +366,8 @@ class MemoryWatcher:
         ``<mode> watcher thread died``, ``watch on <folder> stopped``, ``<folder> appeared``
         (an extra folder missing at start) or ``missed changes in <folder>``. A ``stat`` per
         watched folder."""
-        if self.state.mode == "stopped":
+        if self.state.mode == "stopped" or (obs := self._observer) is None:  # None: being replaced
             return None
-        obs = self._observer
-        if obs is None:
-            return None  # being replaced right now
         if not obs.is_alive():
             return f"{self.state.mode} watcher thread died"
         try:
@@ -452,7 +430,9 @@ class MemoryWatcher:
         """
         self._token = current_token()
         self._wake = anyio.Event()
-        await anyio.to_thread.run_sync(self._start_observer)
+        if await anyio.to_thread.run_sync(self._install, self.force_polling) and not self.force_polling:
+            with self._lock:  # a native observer failed: events may be lost, rescan
+                self.state.pending.add(RESCAN_MARKER)
         task_status.started()
         next_health = time.monotonic() + self.health_check_ms / 1000
         try:

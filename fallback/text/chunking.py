@@ -24,9 +24,8 @@ from fallback.text.scripts import sha256_hex, text_weight
 if TYPE_CHECKING:
     import regex
 
-__all__ = ["CHARS_PER_TOKEN", "CHUNKING_VERSION", "MIN_CHUNK_CHARS", "Chunk", "chunk_markdown",
-           "file_lines", "grapheme_ends", "remap_lines", "split_by_utf8_bytes", "split_lines",
-           "text_weight", "truncate_chars", "word_start"]
+__all__ = ["CHUNKING_VERSION", "Chunk", "chunk_markdown", "file_lines", "grapheme_ends", "remap_lines",
+           "split_by_utf8_bytes", "split_lines", "text_weight", "truncate_chars", "word_start"]
 
 # The reference budget: one token ~ 4 characters of English text.
 CHARS_PER_TOKEN = 4

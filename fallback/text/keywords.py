@@ -15,13 +15,12 @@ import re
 import unicodedata
 from typing import TYPE_CHECKING
 
-from fallback.text.scripts import contains_cjk, script_of
+from fallback.text.scripts import contains_cjk, occurrences, script_of
 
 if TYPE_CHECKING:
     import regex
 
-__all__ = ["CHINESE_STOP_WORDS", "JAPANESE_STOP_WORDS", "KOREAN_PARTICLES", "STOP_WORDS",
-           "cjk_words", "contraction_fragments", "extract_keywords"]
+__all__ = ["STOP_WORDS", "cjk_words", "contraction_fragments", "extract_keywords"]
 
 
 def _words(text: str) -> frozenset[str]:
@@ -176,13 +175,10 @@ def _script_runs(segment: str) -> list[tuple[str, str]]:
 def _japanese_terms(segment: str) -> list[str]:
     terms: list[str] = []
     for kind, run in _script_runs(segment):
-        if kind in ("ascii", "katakana"):
+        if kind != "other" and (kind != "hiragana" or len(run) >= 2):
             terms.append(run)
-        elif kind == "han":
-            terms.append(run)
+        if kind == "han":
             terms.extend(run[i:i + 2] for i in range(len(run) - 1))
-        elif kind == "hiragana" and len(run) >= 2:
-            terms.append(run)
     return terms
 
 
@@ -210,13 +206,9 @@ def _korean_terms(segment: str) -> list[str]:
 
 
 def _is_noise(term: str) -> bool:
-    if not term or term in STOP_WORDS:
-        return True
-    if term.isascii() and term.isalpha() and len(term) < 3:
-        return True
-    if term.isdigit():
-        return True
-    return all(unicodedata.category(ch)[0] in "PS" for ch in term)
+    return (not term or term in STOP_WORDS or term.isdigit()
+            or (term.isascii() and term.isalpha() and len(term) < 3)
+            or all(unicodedata.category(ch)[0] in "PS" for ch in term))
 
 
 def extract_keywords(query: str) -> list[str]:
@@ -283,21 +275,15 @@ def cjk_words(query: str) -> tuple[str, ...]:
     japanese = any(script_of(ch) in ("hiragana", "katakana") for ch in text)
     covered = [False] * len(text)
     for word in _cjk_stop_words(japanese):
-        at = text.find(word)
-        while at >= 0:
+        for at in occurrences(text, (word,)):
             covered[at:at + len(word)] = [True] * len(word)
-            at = text.find(word, at + 1)
 
     def is_word(term: str) -> bool:
         scripts = {script_of(ch) for ch in term}
         if not (scripts == {"hiragana"} or (len(term) == 2 and scripts == {"han"})):
             return True
-        at = text.find(term)
-        while at >= 0:  # a word if one of its places takes no stop word's character
-            if not any(covered[at:at + len(term)]):
-                return True
-            at = text.find(term, at + 1)
-        return False
+        # a word if one of its places takes no stop word's character
+        return any(not any(covered[at:at + len(term)]) for at in occurrences(text, (term,)))
 
     words = [t for t in extract_keywords(text) if len(t) >= 2 and is_word(t)]
     # a CJK word holding another word is found only where that one is: 부산에서 of 부산,

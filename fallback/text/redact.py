@@ -66,11 +66,7 @@ def _label_kind(label: str) -> str:
 def _looks_like_value(value: str, separator: str) -> bool:
     """Whether the bare value after ``label=`` (always) or ``label:`` (not prose: 4+ chars
     with a digit or symbol, or 12+ chars) is a credential."""
-    if separator == "=":
-        return True
-    if len(value) >= 12:
-        return True
-    return any(not ch.isalpha() for ch in value) and len(value) >= 4
+    return separator == "=" or len(value) >= 12 or (len(value) >= 4 and not value.isalpha())
 
 
 def _assignment(match: re.Match[str]) -> str:

@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     import regex
 
-__all__ = ["CJK_FLOOR", "CJK_SCRIPTS", "CJK_WEIGHT", "UNSPACED_SCRIPTS", "Script", "contains_cjk",
-           "contains_unspaced", "narrow_fullwidth", "script_of", "sha256_hex", "text_weight",
-           "word_runs", "word_stretches"]
+__all__ = ["CJK_FLOOR", "UNSPACED_SCRIPTS", "Script", "contains_cjk", "contains_unspaced", "narrow_fullwidth",
+           "occurrences", "script_of", "sha256_hex", "text_weight", "word_runs", "word_stretches"]
 
 # A CJK/kana/Hangul character is roughly one token, so the chunk budget (4 chars a token) weighs it 4.
 CJK_WEIGHT = 4
@@ -125,6 +124,18 @@ def sha256_hex(data: str | bytes) -> str:
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
     return hashlib.sha256(data).hexdigest()
+
+
+def occurrences(text: str, needles: str | tuple[str, ...]) -> list[int]:
+    """Where each of ``needles`` (strings, or the characters of a string) occurs in ``text``,
+    overlaps included, ascending (code point offsets)."""
+    out: list[int] = []
+    for needle in needles:
+        at = text.find(needle)
+        while at >= 0:
+            out.append(at)
+            at = text.find(needle, at + 1)
+    return sorted(out)
 
 
 def word_runs(text: str) -> list[str]:

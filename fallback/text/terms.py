@@ -20,12 +20,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
 from fallback.text.chunking import split_lines
+from fallback.text.scripts import occurrences
 
 if TYPE_CHECKING:
     import regex
 
-__all__ = ["CONNECTORS", "Compound", "DateMention", "compounds", "date_mentions", "derived_terms",
-           "first_heading", "title_text"]
+__all__ = ["Compound", "DateMention", "compounds", "date_mentions", "derived_terms", "first_heading",
+           "title_text"]
 
 # Characters that glue the parts of one compound (hyphen-minus, U+2010 hyphen, U+2011 non-breaking
 # hyphen, underscore).
@@ -88,20 +89,6 @@ class Compound(NamedTuple):
     joined: str
 
 
-def _connectors(text: str) -> list[int]:
-    """Positions of connectors between two part characters, ascending."""
-    out: list[int] = []
-    end = len(text) - 1
-    for ch in CONNECTORS:
-        at = text.find(ch, 1)
-        while 0 < at < end:
-            if _is_part_char(text[at - 1]) and _is_part_char(text[at + 1]):
-                out.append(at)
-            at = text.find(ch, at + 1)
-    out.sort()
-    return out
-
-
 def _is_part_char(ch: str) -> bool:
     return ch.isalnum() or (not ch.isascii() and unicodedata.category(ch)[0] == "M")
 
@@ -109,8 +96,9 @@ def _is_part_char(ch: str) -> bool:
 def _compound_spans(text: str) -> Iterator[tuple[int, int]]:
     """The span of each maximal run of parts glued by connectors, left to right."""
     done = 0
-    for at in _connectors(text):
-        if at < done:
+    for at in occurrences(text, CONNECTORS):  # a connector between two part characters
+        if at < done or not 0 < at < len(text) - 1 or not (
+                _is_part_char(text[at - 1]) and _is_part_char(text[at + 1])):
             continue
         start = at - 1
         while start > 0 and _is_part_char(text[start - 1]):
@@ -153,23 +141,11 @@ def _canonical(year: int, month: int, day: int | None) -> tuple[str, ...] | None
     return (f"{year:04d}{month:02d}{day:02d}", f"{year:04d}{month:02d}")
 
 
-def _year_starts(text: str) -> list[int]:
-    """Positions of ``19`` and ``20`` in ``text``, ascending: where a year may start."""
-    out: list[int] = []
-    for prefix in ("19", "20"):
-        at = text.find(prefix)
-        while at >= 0:
-            out.append(at)
-            at = text.find(prefix, at + 1)
-    out.sort()
-    return out
-
-
 def date_mentions(text: str) -> list[DateMention]:
     """Dates and months written in ``text`` (the forms of the module docstring, years
     1900-2099, impossible dates skipped), left to right, spans never overlapping."""
     found: list[DateMention] = []
-    for start in _year_starts(text):
+    for start in occurrences(text, ("19", "20")):  # where a year may start
         y = _YEAR_RE.match(text, start)
         before = text[start - 1] if start else " "
         if (y is None or (found and start < found[-1].end) or before.isalnum()

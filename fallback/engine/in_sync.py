@@ -137,10 +137,9 @@ def search_in_sync(index: ReadOnlyStore, settings: InSyncSettings, request: Sear
 
     Returns: Hits best first, at most ``max_results``. Raises ``IndexStoreError``.
     """
-    limit = settings.max_results if request.max_results is None else request.max_results
+    limit, floor = request.limits(settings.max_results, settings.min_score)
     return keyword_search(
         index, request.query, sources=["memory"], limit=limit,
-        candidates=candidate_count(limit, settings.candidate_multiplier),
-        floor=settings.min_score if request.min_score is None else request.min_score,
+        candidates=candidate_count(limit, settings.candidate_multiplier), floor=floor,
         half_life_days=settings.half_life_days,
         now_ms=int(time.time() * 1000) if now_ms is None else now_ms).hits

@@ -50,8 +50,7 @@ class ModelDownload:
     @property
     def uri(self) -> str:
         """``hf:<owner>/<repo>/<file>``."""
-        ref = self.model.ref if isinstance(self.model, ModelSpec) else self.model
-        return ref.uri
+        return self.model.uri
 
 
 @dataclass(frozen=True)
@@ -88,9 +87,7 @@ def resolve_model_source(model_path: str | None, *, explicit: bool, cache_dir: P
             found = model_fetch.find_model(raw) if raw else DEFAULT_MODEL
         except ValueError as exc:
             raise EmbeddingProviderUnavailableError("local", f"local.modelPath: {exc}") from None
-        spec = found if isinstance(found, ModelSpec) else None
-        ref = spec.ref if spec is not None else found
-        assert isinstance(ref, ModelRef)
+        spec, ref = (found, found.ref) if isinstance(found, ModelSpec) else (None, found)
         path = ref.cache_path(cache_dir)
         cached = path.is_file()
         if not cached and not explicit:

@@ -147,11 +147,7 @@ class BuiltinEngine:
 
     async def prepare(self) -> None:
         """Open the store ahead of the first search (the manager does it while qmd runs).
-
-        Raises:
-            IndexStoreError: the store cannot be opened.
-            ManagerClosedError: the engine is closed.
-        """
+        Raises ``IndexStoreError``, ``ManagerClosedError``."""
         self._check_open()
         await self._stores.open_search()
 
@@ -193,11 +189,7 @@ class BuiltinEngine:
 
     async def start(self, tasks: BackgroundTasks) -> None:
         """Enter live mode (``serve``) in a ``builtin`` subgroup of ``tasks``; idempotent.
-
-        Raises:
-            ManagerClosedError: the engine is closed.
-            UsageError: ``tasks`` is not open.
-        """
+        Raises ``ManagerClosedError``, ``UsageError`` (``tasks`` is not open)."""
         self._check_open()
         if self._live is not None:
             return
@@ -239,22 +231,18 @@ class BuiltinEngine:
     async def sync(self, *, reason: str, force: bool = False, paths: set[str] | None = None,
                    progress: ProgressCallback | None = None,
                    embed_deadline: float | None = None) -> SyncReport:
-        """:meth:`MemoryBackend.sync <fallback.contract.MemoryBackend.sync>`; a second caller
-        awaits the running sync. A store found corrupt is moved aside and rebuilt, then the
-        sync runs again once.
+        """:meth:`MemoryBackend.sync <fallback.contract.MemoryBackend.sync>`: the ``SyncReport``
+        of this sync, or of the running one a second caller awaits. A store found corrupt is
+        moved aside and rebuilt, then the sync runs again once.
 
         Args:
             paths: absolute paths the watcher saw change (``None``: a full incremental scan).
             embed_deadline: anyio clock time after which this sync calls the embedding
                 provider no more (chunks left are embedded by a later sync).
 
-        Returns: The :class:`~fallback.index.indexer.SyncReport` of the (possibly shared) sync.
-
-        Raises:
-            ManagerClosedError: the engine is closed.
-            BackendUnavailableError: an explicitly configured provider is unavailable.
-            IndexStoreError / EmbeddingProviderError: the sync failed (a full rebuild leaves
-                the live index untouched).
+        Raises ``ManagerClosedError``; ``BackendUnavailableError`` (an explicitly configured
+        provider is unavailable); ``IndexStoreError`` / ``EmbeddingProviderError`` (a full
+        rebuild leaves the live index untouched).
         """
         return await self._recovering(partial(self._sync_shared, reason=reason, force=force,
                                               paths=paths, progress=progress,
@@ -365,16 +353,13 @@ class BuiltinEngine:
 
     async def search(self, request: SearchRequest, *, sync_budget_ms: int | None = None,
                      progress: ProgressCallback | None = None) -> SearchOutcome:
-        """:meth:`MemoryBackend.search <fallback.contract.MemoryBackend.search>`: ``None``
-        limits are ``query.maxResults`` / ``query.minScore``, ``sync_budget_ms`` defaults to
-        :attr:`search_sync_budget_ms` (an empty index's first sync is always awaited), the
-        provider is ``none`` keyword-only. A store found corrupt is moved aside and rebuilt,
-        and the search runs again once.
+        """:meth:`MemoryBackend.search <fallback.contract.MemoryBackend.search>` under
+        ``query.*`` (:meth:`SearchRequest.limits`); ``sync_budget_ms`` defaults to
+        :attr:`search_sync_budget_ms` (an empty index's first sync is always awaited). A store
+        found corrupt is moved aside and rebuilt, and the search runs again once.
 
-        Raises:
-            ManagerClosedError: the engine is closed.
-            BackendUnavailableError: an explicitly configured provider is unavailable.
-            IndexStoreError: the store is locked, read-only or corrupt.
+        Raises ``ManagerClosedError``; ``BackendUnavailableError`` (an explicitly configured
+        provider is unavailable); ``IndexStoreError`` (locked, read-only or corrupt).
         """
         return self._finish(await self._recovering(partial(
             self._search_once, request, sync_budget_ms=sync_budget_ms, progress=progress)))
@@ -582,11 +567,8 @@ class BuiltinEngine:
                               query: QueryVector, warnings: list[str], *, synced: bool,
                               text: str, deadline: float) -> PreparedProvider:
         """The provider the ranking gets after the pre-search sync: the query vector of ``text``
-        when the index can use it (else ``[]``); warnings appended.
-
-        Raises:
-            SearchUnavailableError: this search's sync could not embed (see ``_fails_closed``).
-        """
+        when the index can use it (else ``[]``); warnings appended. Raises
+        ``SearchUnavailableError``: this search's sync could not embed (``_fails_closed``)."""
         if query.error is not None:
             self._last_error = failure_text(query.error, query=True)  # the sync cleared it
         report = self._last_report
@@ -619,12 +601,7 @@ class BuiltinEngine:
                         lines: int | None = None, from_char: int | None = None) -> MemoryReadResult:
         """Read a page of a memory file or transcript (``read_memory_page``); on the postgres
         store ``shared/<owner>/<path>`` reads a file of a scope ``owner`` shares with this agent.
-
-        Raises:
-            PathRefusedError: not a memory file.
-            ManagerClosedError: the engine is closed.
-            IndexStoreError: the shared scope cannot be read.
-        """
+        Raises ``PathRefusedError``, ``ManagerClosedError``, ``IndexStoreError``."""
         self._check_open()
         from fallback.sources.read_page import read_memory_page, read_shared_page, shared_name
         if self._stores.is_postgres and (named := shared_name(rel_path)) is not None:
@@ -641,15 +618,9 @@ class BuiltinEngine:
             max_file_bytes=s.search.max_file_bytes, from_char=from_char))
 
     async def status(self) -> MemoryStatus:
-        """Counters and health (spec §11); see ``MemoryStatus`` for the fields.
-
-        A postgres server that cannot be reached (or answer in time) is a status too:
-        unhealthy, its error as ``last_error``, no counts.
-
-        Raises:
-            ManagerClosedError: the engine is closed.
-            IndexStoreError: the store cannot be read.
-        """
+        """Counters and health (spec §11, ``MemoryStatus``); a postgres server that cannot be
+        reached in time is a status too: unhealthy, its error as ``last_error``, no counts.
+        Raises ``ManagerClosedError``, ``IndexStoreError``."""
         self._check_open()
         if self._stores.is_postgres:
             from fallback.engine.status import build_postgres_status, unreached_postgres
@@ -673,10 +644,9 @@ class BuiltinEngine:
         return await anyio.to_thread.run_sync(self._status, store, live, problem, errors)
 
     async def _errors(self, *, read: bool = True) -> tuple[str | None, str | None, dict[str, Any] | None]:
-        """The status's (last error, query-embedding failure, last sync's failure) on either
-        store: this engine's, else as any process recorded them (``EngineStore.failure``; none is
-        read when ``read`` is false: the store is not reached). A query's failure is told once, as
-        the second, and the recorded one only until this engine embeds a query."""
+        """The status's (last error, query-embedding failure, last sync's failure): this
+        engine's, else as any process recorded them (none read unless ``read``); the recorded
+        query failure only until this engine embeds a query."""
         query = None if self._query_embedded or not read else await self._stores.failure("query")
         provider_error = (self._provider_error if self._query_embedded
                           else None if query is None else query["error"])

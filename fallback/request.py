@@ -51,6 +51,12 @@ class SearchRequest:
         return cls(text, max_results, min_score, session_key,
                    None if sources is None else tuple(sources), bool(explain))
 
+    def limits(self, max_results: int, min_score: float) -> tuple[int, float]:
+        """``(hits wanted, score floor)``: the request's, else the backend's defaults
+        ``max_results`` / ``min_score`` (the builtin's: ``query.maxResults`` / ``query.minScore``)."""
+        return (max_results if self.max_results is None else self.max_results,
+                min_score if self.min_score is None else self.min_score)
+
 
 def check_limits(*, max_results: int | None, min_score: float | None) -> None:
     """Check a search's hits wanted (``1..MAX_LIMIT``) and score floor (``[0, 1]``); ``None``: the

@@ -111,7 +111,7 @@ def _track_stores() -> None:
     """Test-only hook: register every store the product opens in :data:`_STORES` (weakly, so a
     store nothing refers to any more is dropped, and closed by SQLite on deallocation)."""
     from fallback.store.db import Store
-    from fallback.store.readonly import ReadOnlyStore, _Connection
+    from fallback.store.readonly import ReadOnlyConnection, ReadOnlyStore
 
     def tracking(init: Any) -> Any:
         def tracked(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -119,7 +119,7 @@ def _track_stores() -> None:
             init(self, *args, **kwargs)
         return tracked
 
-    for cls in (Store, ReadOnlyStore, _Connection):  # _Connection: every read-only connection
+    for cls in (Store, ReadOnlyStore, ReadOnlyConnection):  # every read-only connection too
         cls.__init__ = tracking(cls.__init__)  # type: ignore[method-assign]
 
 

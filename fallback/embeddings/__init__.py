@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from types import MappingProxyType
 from typing import get_args
 
@@ -27,24 +28,21 @@ ProviderFactory = Callable[..., EmbeddingProvider]
 ``EmbeddingProviderUnavailableError`` when the provider cannot be created."""
 
 
-def _factory(name: str) -> ProviderFactory:
-    """The factory of provider ``name``, importing its module on its first call."""
-    def create(settings: MemorySearchSettings, *, env: Mapping[str, str], **kwargs: object) -> EmbeddingProvider:
-        if name == "local":
-            from fallback.embeddings.local_gguf import from_settings
+def _create(name: str, settings: MemorySearchSettings, *, env: Mapping[str, str],
+            **kwargs: object) -> EmbeddingProvider:
+    """Provider ``name``'s factory, importing its module on its first call."""
+    if name == "local":
+        from fallback.embeddings.local_gguf import from_settings
 
-            return from_settings(settings, env=env, **kwargs)  # type: ignore[arg-type]
-        from fallback.embeddings.remote import from_settings as remote_from_settings
+        return from_settings(settings, env=env, **kwargs)  # type: ignore[arg-type]
+    from fallback.embeddings.remote import from_settings as remote_from_settings
 
-        return remote_from_settings(name, settings, env=env, **kwargs)  # type: ignore[arg-type]
-
-    create.__name__ = create.__qualname__ = f"create_{name}"
-    return create
+    return remote_from_settings(name, settings, env=env, **kwargs)  # type: ignore[arg-type]
 
 
 # name -> factory; read-only (tests pass their own mapping to ``select_provider``).
 PROVIDERS: Mapping[str, ProviderFactory] = MappingProxyType({
-    name: _factory(name)
+    name: partial(_create, name)
     for name in ("openai", "openai-compatible", "gemini", "voyage", "mistral", "ollama", "local")})
 
 # The order ``auto`` tries (spec 6.1, E1/E2); ollama and openai-compatible are never guessed.

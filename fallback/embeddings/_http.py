@@ -99,13 +99,8 @@ class HttpClient:
 
     def __init__(self, *, provider_id: str, base_url: str, headers: Mapping[str, str],
                  secrets: Sequence[str] = (), timeout_s: float = 120.0) -> None:
-        """Args:
-            provider_id: used in error messages.
-            base_url: endpoint root, e.g. ``https://api.openai.com/v1``.
-            headers: sent with every request (auth included).
-            secrets: values to redact from any message (API keys).
-            timeout_s: httpx's per-request timeout in seconds (a backstop).
-        """
+        """``headers`` go with every request (auth included), ``secrets`` (API keys) are
+        redacted from any message, ``timeout_s`` is httpx's per-request backstop in seconds."""
         self.provider_id = provider_id
         self.base_url = base_url.rstrip("/")
         self.headers = dict(headers)

@@ -31,16 +31,9 @@ T_out = TypeVar("T_out")
 
 
 class EmbeddingProvider(Protocol):
-    """One embedding provider.
-
-    Attributes:
-        provider_id: registry name (``openai``, ``gemini``, ``local`` ...).
-        model: model id as sent to the provider.
-        dims: vector length when known (configured or learned), else None.
-        provider_key: :func:`compute_provider_key`; part of the index identity and cache key.
-        max_input_tokens: the provider's input limit in tokens.
-        max_batch_bytes: request batches hold at most this many UTF-8 bytes.
-    """
+    """One embedding provider: its registry name (``provider_id``), the ``model`` id sent, the
+    vector length when known (``dims``), its :func:`compute_provider_key` (part of the index
+    identity and cache key), its input limit in tokens and its batches' limit in UTF-8 bytes."""
 
     provider_id: str
     model: str
@@ -212,14 +205,8 @@ class BaseProvider:
     def __init__(self, *, model: str, provider_key: str, dims: int | None = None,
                  max_input_tokens: int | None = None, normalize: bool = False,
                  policy: CallPolicy | None = None) -> None:
-        """Args:
-            model: model id as sent to the provider.
-            provider_key: from :func:`compute_provider_key`.
-            dims: configured vector length; None = learned from the first vector.
-            max_input_tokens: input limit in tokens (default: :func:`max_input_tokens_for`).
-            normalize: L2-normalise vectors.
-            policy: concurrency, timeouts and retry settings.
-        """
+        """``dims``: the configured vector length (None: learned from the first vector);
+        ``max_input_tokens`` defaults to :func:`max_input_tokens_for`; ``normalize``: L2."""
         self.model = model
         self.provider_key = provider_key
         self.dims = dims
@@ -340,12 +327,8 @@ class BaseProvider:
 
     def _check(self, vectors: list[list[float]], *, count: int | None = None) -> list[list[float]]:
         """Sanitise vectors and enforce one dimensionality; pad to ``count`` with ``[]``.
-
-        Raises:
-            EmbeddingProviderError: a vector holds something other than numbers, or a length
-                differs from the configured ``dimensions``.
-            EmbeddingDimensionsError: a length differs from the learned one (adopted first).
-        """
+        Raises ``EmbeddingProviderError`` (not numbers, or not the configured ``dimensions``),
+        ``EmbeddingDimensionsError`` (not the learned length, which is adopted first)."""
         out: list[list[float]] = []
         for vector in vectors:
             try:

@@ -92,11 +92,8 @@ def _message(obj: Any) -> str | None:
 def parse_result_lines(provider_id: str, job_id: str, text: str,
                        expected: Sequence[str]) -> dict[str, list[float]]:
     """Map a JSONL result file (OpenAI/Voyage or Gemini lines) to ``{custom_id: vector}``.
-
-    Raises:
-        EmbeddingProviderError: a line with an error, an empty embedding, bad JSON, or an
-            expected id missing from the file.
-    """
+    Raises ``EmbeddingProviderError``: an error line, an empty embedding, bad JSON, an
+    ``expected`` id missing."""
     vectors: dict[str, list[float]] = {}
     errors: list[str] = []
     for raw in text.splitlines():
@@ -141,13 +138,10 @@ def parse_result_lines(provider_id: str, job_id: str, text: str,
 
 async def run_batch_job(api: BatchJobApi, requests: Sequence[tuple[str, str]], *, wait: bool,
                         poll_interval_s: float, timeout_s: float) -> dict[str, list[float]]:
-    """Submit one job, wait for it, download and map its results by custom id.
-
-    Raises:
-        EmbeddingProviderError: the job failed, expired or was cancelled; it is still running
-            and ``wait`` is false; it ran past ``timeout_s`` seconds (``retryable=True``); or
-            its results are incomplete (see :func:`parse_result_lines`).
-    """
+    """Submit one job, wait for it (polled every ``poll_interval_s``), download and map its
+    results by custom id. Raises ``EmbeddingProviderError``: the job failed, expired or was
+    cancelled; it still runs and ``wait`` is false; it ran past ``timeout_s`` seconds
+    (retryable); or its results are incomplete."""
     pid = api.provider_id
     state = await api.submit(requests)
     started = anyio.current_time()

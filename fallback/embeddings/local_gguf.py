@@ -50,8 +50,7 @@ class ModelDownload:
     @property
     def uri(self) -> str:
         """``hf:<owner>/<repo>/<file>``."""
-        ref = self.model.ref if isinstance(self.model, ModelSpec) else self.model
-        return ref.uri
+        return self.model.uri
 
 
 @dataclass(frozen=True)
@@ -68,17 +67,11 @@ class ModelSource:
 
 def resolve_model_source(model_path: str | None, *, explicit: bool, cache_dir: Path,
                          base_url: str = model_fetch.DEFAULT_HF_ENDPOINT) -> ModelSource:
-    """Where the GGUF model comes from (rules in the module docstring).
+    """Where the GGUF model of ``local.modelPath`` comes from (rules in the module docstring),
+    cached in ``cache_dir`` from the hub ``base_url``; ``explicit`` for ``provider: "local"``
+    (may download), else (``auto``) only a file on disk or an already cached URI qualifies.
 
-    Args:
-        model_path: ``local.modelPath`` as configured.
-        explicit: True for ``provider: "local"`` (may download); False (``auto``): only a file
-            on disk or an already cached URI qualifies.
-        cache_dir: the model cache.
-        base_url: the hub to download from.
-
-    Raises:
-        EmbeddingProviderUnavailableError: nothing usable (the reason says what to set).
+    Raises ``EmbeddingProviderUnavailableError``: nothing usable (the reason says what to set).
     """
     raw = (model_path or "").strip()
     if not raw and not explicit:
@@ -88,9 +81,7 @@ def resolve_model_source(model_path: str | None, *, explicit: bool, cache_dir: P
             found = model_fetch.find_model(raw) if raw else DEFAULT_MODEL
         except ValueError as exc:
             raise EmbeddingProviderUnavailableError("local", f"local.modelPath: {exc}") from None
-        spec = found if isinstance(found, ModelSpec) else None
-        ref = spec.ref if spec is not None else found
-        assert isinstance(ref, ModelRef)
+        spec, ref = (found, found.ref) if isinstance(found, ModelSpec) else (None, found)
         path = ref.cache_path(cache_dir)
         cached = path.is_file()
         if not cached and not explicit:
@@ -118,13 +109,9 @@ class LocalGgufProvider(BaseProvider):
     def __init__(self, *, model_path: Path, model: str | None = None,
                  policy: CallPolicy | None = None, download: ModelDownload | None = None,
                  query_prefix: str = "") -> None:
-        """Args:
-            model_path: the GGUF file (must exist unless ``download`` brings it).
-            model: model id for the index identity (default: the file path).
-            policy: timeouts and retries (a download on first use runs outside them).
-            download: fetch the file into the cache before the first embedding.
-            query_prefix: put before search queries (not before chunks).
-        """
+        """``model_path``: the GGUF file (it may wait for ``download`` before the first
+        embedding, outside ``policy``'s timeouts); ``model``: the id in the index identity
+        (default: the path); ``query_prefix``: put before search queries, not chunks."""
         name = model or str(model_path)
         super().__init__(model=name, normalize=True, max_input_tokens=LOCAL_MAX_INPUT_TOKENS,
                          policy=policy or CallPolicy.local(),
@@ -201,12 +188,8 @@ class LocalGgufProvider(BaseProvider):
 def from_settings(settings: MemorySearchSettings, *, env: Mapping[str, str],
                   policy: CallPolicy | None = None) -> LocalGgufProvider:
     """Create the local provider (no network call: a download waits for the first embedding;
-    ``env`` gives the model cache and the hub).
-
-    Raises:
-        EmbeddingProviderUnavailableError: no usable model (see :func:`resolve_model_source`),
-            or llama-cpp-python missing.
-    """
+    ``env`` gives the model cache and the hub). Raises ``EmbeddingProviderUnavailableError``:
+    no usable model (:func:`resolve_model_source`), or llama-cpp-python missing."""
     source = resolve_model_source(
         settings.local.model_path, explicit="local" in (settings.provider, settings.fallback.strip()),
         cache_dir=model_fetch.default_cache_dir(settings.local.model_cache_dir, env),

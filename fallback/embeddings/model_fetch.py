@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -79,16 +79,9 @@ class ModelRef:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model qmdbridge knows by name, with what is pinned about it.
-
-    Attributes:
-        name: short name (``qmdbridge models pull <name>``).
-        ref: where it is downloaded from.
-        sha256 / size_bytes: pinned digest (hex) and size in bytes, or None.
-        dims: embedding dimensions.
-        query_prefix: text put before a search query (not before chunks), as the model's
-            authors recommend for retrieval.
-    """
+    """A model known by ``name`` (``qmdbridge models pull <name>``): where it comes from
+    (``ref``), its pinned sha256 (hex) and size in bytes (or None), its ``dims``, and the
+    ``query_prefix`` its authors put before a search query (not before chunks)."""
 
     name: str
     ref: ModelRef
@@ -96,6 +89,11 @@ class ModelSpec:
     size_bytes: int | None
     dims: int
     query_prefix: str = ""
+
+    @property
+    def uri(self) -> str:
+        """The ``hf:`` URI of :attr:`ref`."""
+        return self.ref.uri
 
 
 # The default local embedding model: BAAI's bge-small-en-v1.5 (MIT, 384 dimensions) as Q8_0
@@ -200,8 +198,8 @@ def default_cache_dir(configured: str | None, env: Mapping[str, str]) -> Path:
 
 def format_bytes(n: float) -> str:
     """``36806944`` -> ``"36.8 MB"`` (decimal units, one decimal)."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
+    for unit in ("B", "kB", "MB"):
+        if abs(n) < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} GB"
@@ -440,9 +438,7 @@ def fetch_model(model: ModelSpec | ModelRef, cache_dir: Path, *, base_url: str =
             the model cache cannot be written.
         LockTimeoutError: another process held the download lock past :data:`LOCK_TIMEOUT_MS`.
     """
-    spec = model if isinstance(model, ModelSpec) else None
-    ref = spec.ref if spec is not None else model
-    assert isinstance(ref, ModelRef)
+    spec, ref = (model, model.ref) if isinstance(model, ModelSpec) else (None, model)
     cache = Path(cache_dir)
     target = ref.cache_path(cache)
     pinned = spec.sha256 if spec is not None else None
@@ -471,27 +467,22 @@ def fetch_model(model: ModelSpec | ModelRef, cache_dir: Path, *, base_url: str =
 def stderr_progress(uri: str, *, stream: IO[str] | None = None, step_percent: int = 10) -> ProgressFn:
     """A plain-text ``on_progress`` on stderr: ``downloading <uri> (36.8 MB)`` (or
     ``resuming ...``), then ``  50% 18.4 MB of 36.8 MB`` every ``step_percent``."""
-    state: dict[str, Any] = {"started": False, "next": step_percent}
+    next_percent: int | None = None  # None before the first call
 
     def on_progress(done: int, total: int | None) -> None:
+        nonlocal next_percent
         out = stream if stream is not None else sys.stderr
-        if not state["started"]:
-            state["started"] = True
-            size = f" ({format_bytes(total)})" if total else ""
-            if done:
-                out.write(f"resuming {uri} at {format_bytes(done)}{' of ' + format_bytes(total) if total else ''}\n")
-            else:
-                out.write(f"downloading {uri}{size}\n")
-            state["next"] = (done * 100 // total // step_percent + 1) * step_percent if total else step_percent
-            out.flush()
+        percent = done * 100 // total if total else 0
+        if next_percent is None:
+            of = f" of {format_bytes(total)}" if total else ""
+            out.write(f"resuming {uri} at {format_bytes(done)}{of}\n" if done
+                      else f"downloading {uri}{f' ({format_bytes(total)})' if total else ''}\n")
+        elif not total or percent < next_percent:
             return
-        if not total:
-            return
-        percent = done * 100 // total
-        if percent >= state["next"]:
+        else:
             out.write(f"  {percent:3d}% {format_bytes(done)} of {format_bytes(total)}\n")
-            out.flush()
-            state["next"] = (percent // step_percent + 1) * step_percent
+        next_percent = (percent // step_percent + 1) * step_percent
+        out.flush()
 
     return on_progress
 

@@ -25,18 +25,11 @@ __all__ = ["SPECS", "GeminiProvider", "OllamaProvider", "OpenAIWireProvider", "R
 
 @dataclass(frozen=True)
 class RemoteSpec:
-    """What sets one HTTP provider apart (a row of :data:`SPECS`).
-
-    Attributes:
-        wire: ``openai``, ``gemini`` or ``ollama``.
-        base_url / model: defaults (None / ``""``: the config must set them).
-        prefixes: routing prefixes stripped from the configured model id.
-        require_key: whether a missing API key makes the provider unavailable.
-        concurrency: default parallel requests per ``embed_batch``.
-        dimensions: whether ``dimensions`` is sent (OpenAI wire).
-        input_types: ``input_type`` for queries and documents (None: not sent), or
-            ``"configured"``: ``queryInputType`` / ``documentInputType``, else ``inputType``.
-    """
+    """What sets one HTTP provider apart (a row of :data:`SPECS`): its wire, default base URL
+    and model (None / ``""``: the config must set them), the routing prefixes stripped from the
+    model id, whether it needs an API key, its parallel requests per ``embed_batch``, whether
+    ``dimensions`` is sent, and ``input_type`` for queries and documents (None: not sent;
+    ``"configured"``: ``queryInputType`` / ``documentInputType``, else ``inputType``)."""
 
     wire: Literal["openai", "gemini", "ollama"]
     base_url: str | None
@@ -78,12 +71,8 @@ def resolve_endpoint(provider_id: str, remote: RemoteSettings, *, env: Mapping[s
     """The endpoint of provider ``provider_id``: the key from ``memorySearch.remote``, else the
     variables of :data:`~fallback.embeddings.ENV_KEYS`, else ``entry`` (its OpenClaw
     ``models.providers`` entry); the base URL from ``remote``, else ``entry``, else the spec's
-    default; ``entry``'s headers overlaid with ``remote``'s.
-
-    Raises:
-        EmbeddingProviderUnavailableError: no key (``missing_api_key=True``) where the spec
-            requires one, or no base URL where it has no default.
-    """
+    default; ``entry``'s headers overlaid with ``remote``'s. Raises
+    ``EmbeddingProviderUnavailableError``: no key (``missing_api_key``) or base URL needed."""
     spec, entry = SPECS[provider_id], entry or RemoteSettings()
     key = read_api_key(remote.api_key, env) or next(
         (env[name].strip() for name in ENV_KEYS.get(provider_id, ()) if env.get(name, "").strip()),
@@ -229,12 +218,8 @@ class OllamaProvider(_HttpProvider):
 def from_settings(provider_id: str, settings: MemorySearchSettings, *, env: Mapping[str, str],
                   policy: CallPolicy | None = None) -> BaseProvider:
     """Create the HTTP provider ``provider_id`` of :data:`SPECS` (no network call); openai,
-    voyage and gemini get a batch-job runner when ``remote.batch.enabled``.
-
-    Raises:
-        EmbeddingProviderUnavailableError: no API key where one is required, no
-            ``remote.baseUrl`` or ``model`` where there is no default.
-    """
+    voyage and gemini get a batch-job runner when ``remote.batch.enabled``. Raises
+    ``EmbeddingProviderUnavailableError``: no API key, ``remote.baseUrl`` or ``model`` needed."""
     spec, remote = SPECS[provider_id], settings.remote
     endpoint = resolve_endpoint(provider_id, remote, env=env, entry=settings.model_providers.get(provider_id))
     name = settings.model.strip()  # without its routing prefix (``openai/x`` -> ``x``)

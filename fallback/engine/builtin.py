@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -72,10 +72,12 @@ __all__ = ["BuiltinEngine"]
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 # What a search reads of the scopes other agents share: their memory files (transcripts stay
 # their own agent's).
 SHARED_SOURCES = ("memory",)
-# Shared scopes a keyword search ranks at once, beside its own (a store's pool holds 4 connections).
+# Shared scopes a search ranks at once, beside its own (a store's pool holds 4 connections).
 SHARED_SEARCHES_AT_ONCE = 3
 
 
@@ -132,19 +134,20 @@ class BuiltinEngine:
         if self._closed:
             raise ManagerClosedError("builtin engine is closed")
 
-    async def _recover_corrupt(self, exc: IndexStoreCorruptError) -> None:
-        """Close the corrupt store, move its files aside and start over with an empty one."""
-        await self._stores.recover_corrupt(exc, before_move=self._drop_vector_index)
-        self._synced = False
-        self.mark_dirty("index store was rebuilt")
+    async def _recovering(self, once: Callable[[], Awaitable[T]]) -> T:
+        """``once()``; after an ``IndexStoreCorruptError`` the store is closed, its files moved
+        aside and ``once()`` runs again on an empty store."""
+        try:
+            return await once()
+        except IndexStoreCorruptError as exc:
+            await self._stores.recover_corrupt(exc, before_move=self._drop_vector_index)
+            self._synced = False
+            self.mark_dirty("index store was rebuilt")
+        return await once()
 
     async def prepare(self) -> None:
         """Open the store ahead of the first search (the manager does it while qmd runs).
-
-        Raises:
-            IndexStoreError: the store cannot be opened.
-            ManagerClosedError: the engine is closed.
-        """
+        Raises ``IndexStoreError``, ``ManagerClosedError``."""
         self._check_open()
         await self._stores.open_search()
 
@@ -186,11 +189,7 @@ class BuiltinEngine:
 
     async def start(self, tasks: BackgroundTasks) -> None:
         """Enter live mode (``serve``) in a ``builtin`` subgroup of ``tasks``; idempotent.
-
-        Raises:
-            ManagerClosedError: the engine is closed.
-            UsageError: ``tasks`` is not open.
-        """
+        Raises ``ManagerClosedError``, ``UsageError`` (``tasks`` is not open)."""
         self._check_open()
         if self._live is not None:
             return
@@ -232,30 +231,22 @@ class BuiltinEngine:
     async def sync(self, *, reason: str, force: bool = False, paths: set[str] | None = None,
                    progress: ProgressCallback | None = None,
                    embed_deadline: float | None = None) -> SyncReport:
-        """:meth:`MemoryBackend.sync <fallback.contract.MemoryBackend.sync>`; a second caller
-        awaits the running sync. A store found corrupt is moved aside and rebuilt, then the
-        sync runs again once.
+        """:meth:`MemoryBackend.sync <fallback.contract.MemoryBackend.sync>`: the ``SyncReport``
+        of this sync, or of the running one a second caller awaits. A store found corrupt is
+        moved aside and rebuilt, then the sync runs again once.
 
         Args:
             paths: absolute paths the watcher saw change (``None``: a full incremental scan).
             embed_deadline: anyio clock time after which this sync calls the embedding
                 provider no more (chunks left are embedded by a later sync).
 
-        Returns: The :class:`~fallback.index.indexer.SyncReport` of the (possibly shared) sync.
-
-        Raises:
-            ManagerClosedError: the engine is closed.
-            BackendUnavailableError: an explicitly configured provider is unavailable.
-            IndexStoreError / EmbeddingProviderError: the sync failed (a full rebuild leaves
-                the live index untouched).
+        Raises ``ManagerClosedError``; ``BackendUnavailableError`` (an explicitly configured
+        provider is unavailable); ``IndexStoreError`` / ``EmbeddingProviderError`` (a full
+        rebuild leaves the live index untouched).
         """
-        shared = partial(self._sync_shared, reason=reason, force=force, paths=paths,
-                         progress=progress, embed_deadline=embed_deadline)
-        try:
-            return await shared()
-        except IndexStoreCorruptError as exc:
-            await self._recover_corrupt(exc)
-            return await shared()
+        return await self._recovering(partial(self._sync_shared, reason=reason, force=force,
+                                              paths=paths, progress=progress,
+                                              embed_deadline=embed_deadline))
 
     async def _sync_shared(self, *, reason: str, force: bool, paths: set[str] | None,
                            progress: ProgressCallback | None,
@@ -362,25 +353,16 @@ class BuiltinEngine:
 
     async def search(self, request: SearchRequest, *, sync_budget_ms: int | None = None,
                      progress: ProgressCallback | None = None) -> SearchOutcome:
-        """:meth:`MemoryBackend.search <fallback.contract.MemoryBackend.search>`: ``None``
-        limits are ``query.maxResults`` / ``query.minScore``, ``sync_budget_ms`` defaults to
-        :attr:`search_sync_budget_ms` (an empty index's first sync is always awaited), the
-        provider is ``none`` keyword-only. A store found corrupt is moved aside and rebuilt,
-        and the search runs again once.
+        """:meth:`MemoryBackend.search <fallback.contract.MemoryBackend.search>` under
+        ``query.*`` (:meth:`SearchRequest.limits`); ``sync_budget_ms`` defaults to
+        :attr:`search_sync_budget_ms` (an empty index's first sync is always awaited). A store
+        found corrupt is moved aside and rebuilt, and the search runs again once.
 
-        Raises:
-            ManagerClosedError: the engine is closed.
-            BackendUnavailableError: an explicitly configured provider is unavailable.
-            IndexStoreError: the store is locked, read-only or corrupt.
+        Raises ``ManagerClosedError``; ``BackendUnavailableError`` (an explicitly configured
+        provider is unavailable); ``IndexStoreError`` (locked, read-only or corrupt).
         """
-        once = partial(self._search_once, request, sync_budget_ms=sync_budget_ms,
-                       progress=progress)
-        try:
-            outcome = await once()
-        except IndexStoreCorruptError as exc:
-            await self._recover_corrupt(exc)
-            outcome = await once()
-        return self._finish(outcome)
+        return self._finish(await self._recovering(partial(
+            self._search_once, request, sync_budget_ms=sync_budget_ms, progress=progress)))
 
     def search_settled(self, request: SearchRequest) -> SearchOutcome | None:
         """:meth:`search` of ``request`` in the caller's thread (blocking) when it needs nothing
@@ -399,11 +381,11 @@ class BuiltinEngine:
         return self._finish(self._live_warning(outcome)) if isinstance(outcome, SearchOutcome) else None
 
     def _keyword_only(self, request: SearchRequest) -> bool:
-        """Whether ``request`` is ranked by keywords alone (no provider, reranker or trace) and
-        no configured provider fails it closed."""
+        """Whether ``request`` is answered in one blocking step: a SQLite store, ranked by
+        keywords alone (no provider, reranker or trace), no configured provider failing closed."""
         sel = self._provider_selection()
         return (sel.provider is None and not sel.error and not request.explain
-                and not self.settings.search.query.rerank.enabled)
+                and not self.settings.search.query.rerank.enabled and not self._stores.is_postgres)
 
     def _keyword_answer(self, store: SearchStore, request: SearchRequest, *, synced: bool,
                         dirty: bool, warnings: Sequence[str] = ()) -> SearchOutcome | IndexState:
@@ -417,39 +399,17 @@ class BuiltinEngine:
 
     def _keyword_outcome(self, store: SearchStore, request: SearchRequest,
                          warnings: Sequence[str]) -> SearchOutcome:
-        """The keyword-only hits of ``request`` in this agent's scope and each one shared with
-        it, merged (blocking)."""
+        """The keyword-only hits of ``request`` in the SQLite store (blocking)."""
         q = self.settings.search.query
         limit, floor, srcs = self._ranking_args(request)
         if not srcs:
             return SearchOutcome(results=[], warnings=list(warnings))
-
-        def ranked(scope: SearchStore, sources: list[str]) -> list[MemorySearchResult]:
-            found = keyword_search(scope, request.query, sources=sources, limit=limit,
-                                   candidates=candidate_count(limit, q.hybrid.candidate_multiplier),
-                                   floor=floor, now_ms=self._now_ms(),
-                                   half_life_days=q.hybrid.temporal_decay.effective_half_life_days)
-            return [MemorySearchResult(**h._asdict()) for h in found.hits]  # as the pipeline does
-
-        shared = self._shared_scopes(srcs)
-        if not shared:
-            return SearchOutcome(ranked(store, srcs), self._fts_warnings(warnings, store.fts_error),
-                                 mode="fts-only")
-        from concurrent.futures import ThreadPoolExecutor
-
-        def ranked_shared(scope: SearchStore) -> list[MemorySearchResult] | MemorySearchError:
-            try:
-                return ranked(scope, list(SHARED_SOURCES))
-            except SCOPE_FAILURES as exc:
-                return exc
-
-        # the scopes' round trips overlap the own search's, on at most the pool's other connections
-        with ThreadPoolExecutor(min(len(shared), SHARED_SEARCHES_AT_ONCE)) as pool:
-            others = [(owner, pool.submit(ranked_shared, scope)) for owner, scope in shared.items()]
-            results, left_out = merge_scopes(ranked(store, srcs), [(o, f.result()) for o, f in others],
-                                             limit=limit)
-        return SearchOutcome(results, [*self._fts_warnings(warnings, store.fts_error), *left_out],
-                             mode="fts-only")
+        found = keyword_search(store, request.query, sources=srcs, limit=limit,
+                               candidates=candidate_count(limit, q.hybrid.candidate_multiplier),
+                               floor=floor, now_ms=self._now_ms(),
+                               half_life_days=q.hybrid.temporal_decay.effective_half_life_days)
+        return SearchOutcome([MemorySearchResult(**h._asdict()) for h in found.hits],  # as the pipeline
+                             self._fts_warnings(warnings, store.fts_error), mode="fts-only")
 
     def _shared_scopes(self, srcs: list[str]) -> dict[str, PostgresSearchStore]:
         """``{owner agent: its scope}`` of the scopes other agents share with this one, read
@@ -461,8 +421,7 @@ class BuiltinEngine:
         """``(limit, floor, sources)`` of ``request`` under ``query.*``: the hits wanted, the
         score floor and the enabled sources it asks for."""
         q = self.settings.search.query
-        return (q.max_results if request.max_results is None else request.max_results,
-                q.min_score if request.min_score is None else request.min_score,
+        return (*request.limits(q.max_results, q.min_score),
                 [s for s in self.settings.search.sources
                  if request.sources is None or s in request.sources])
 
@@ -608,11 +567,8 @@ class BuiltinEngine:
                               query: QueryVector, warnings: list[str], *, synced: bool,
                               text: str, deadline: float) -> PreparedProvider:
         """The provider the ranking gets after the pre-search sync: the query vector of ``text``
-        when the index can use it (else ``[]``); warnings appended.
-
-        Raises:
-            SearchUnavailableError: this search's sync could not embed (see ``_fails_closed``).
-        """
+        when the index can use it (else ``[]``); warnings appended. Raises
+        ``SearchUnavailableError``: this search's sync could not embed (``_fails_closed``)."""
         if query.error is not None:
             self._last_error = failure_text(query.error, query=True)  # the sync cleared it
         report = self._last_report
@@ -645,12 +601,7 @@ class BuiltinEngine:
                         lines: int | None = None, from_char: int | None = None) -> MemoryReadResult:
         """Read a page of a memory file or transcript (``read_memory_page``); on the postgres
         store ``shared/<owner>/<path>`` reads a file of a scope ``owner`` shares with this agent.
-
-        Raises:
-            PathRefusedError: not a memory file.
-            ManagerClosedError: the engine is closed.
-            IndexStoreError: the shared scope cannot be read.
-        """
+        Raises ``PathRefusedError``, ``ManagerClosedError``, ``IndexStoreError``."""
         self._check_open()
         from fallback.sources.read_page import read_memory_page, read_shared_page, shared_name
         if self._stores.is_postgres and (named := shared_name(rel_path)) is not None:
@@ -667,15 +618,9 @@ class BuiltinEngine:
             max_file_bytes=s.search.max_file_bytes, from_char=from_char))
 
     async def status(self) -> MemoryStatus:
-        """Counters and health (spec §11); see ``MemoryStatus`` for the fields.
-
-        A postgres server that cannot be reached (or answer in time) is a status too:
-        unhealthy, its error as ``last_error``, no counts.
-
-        Raises:
-            ManagerClosedError: the engine is closed.
-            IndexStoreError: the store cannot be read.
-        """
+        """Counters and health (spec §11, ``MemoryStatus``); a postgres server that cannot be
+        reached in time is a status too: unhealthy, its error as ``last_error``, no counts.
+        Raises ``ManagerClosedError``, ``IndexStoreError``."""
         self._check_open()
         if self._stores.is_postgres:
             from fallback.engine.status import build_postgres_status, unreached_postgres
@@ -699,10 +644,9 @@ class BuiltinEngine:
         return await anyio.to_thread.run_sync(self._status, store, live, problem, errors)
 
     async def _errors(self, *, read: bool = True) -> tuple[str | None, str | None, dict[str, Any] | None]:
-        """The status's (last error, query-embedding failure, last sync's failure) on either
-        store: this engine's, else as any process recorded them (``EngineStore.failure``; none is
-        read when ``read`` is false: the store is not reached). A query's failure is told once, as
-        the second, and the recorded one only until this engine embeds a query."""
+        """The status's (last error, query-embedding failure, last sync's failure): this
+        engine's, else as any process recorded them (none read unless ``read``); the recorded
+        query failure only until this engine embeds a query."""
         query = None if self._query_embedded or not read else await self._stores.failure("query")
         provider_error = (self._provider_error if self._query_embedded
                           else None if query is None else query["error"])

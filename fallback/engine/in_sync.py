@@ -28,18 +28,10 @@ __all__ = ["ExtraPathValue", "InSyncSettings", "search_in_sync", "stale_reason"]
 
 @dataclass(frozen=True)
 class InSyncSettings:
-    """What a keyword-only search of one agent's index reads, as plain values.
-
-    Attributes:
-        db_path: the SQLite store.
-        workspace_dir: the agent workspace (absolute).
-        extra_paths: ``memorySearch.extraPaths`` entries.
-        max_file_bytes: discovery's size cap in bytes.
-        identity: the index identity of the settings without a provider.
-        sync_on_search: ``sync.onSearch``.
-        max_results / min_score / candidate_multiplier: ``query.*`` defaults.
-        half_life_days: temporal decay half-life in days, ``None`` when decay is off.
-    """
+    """What a keyword-only search of one agent's index reads, as plain values: the SQLite
+    store, the absolute workspace, ``extraPaths``, discovery's size cap in bytes, the index
+    identity without a provider, ``sync.onSearch``, the ``query.*`` defaults and the temporal
+    decay half-life in days (``None``: off)."""
 
     db_path: Path
     workspace_dir: Path
@@ -91,16 +83,10 @@ class ExtraPathValue(NamedTuple):
 
 
 def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
-    """Why the engine's pre-search sync would change the index, or ``None`` when it is in sync.
-
-    Returns:
-        ``None``, or one line: ``schema version 7 (latest 8)``, a
-        :func:`~fallback.index.identity.full_reindex_reason`, ``no FTS5``, ``leftovers of a
-        killed rebuild``, ``index holds workspace /other``, ``index is empty``, or a
-        :func:`~fallback.index.plan.scan_change`.
-
-    Raises ``IndexStoreError``: the store cannot be read.
-    """
+    """Why the engine's pre-search sync would change the index (one line: ``schema version 7
+    (latest 8)``, a ``full_reindex_reason``, ``no FTS5``, ``leftovers of a killed rebuild``,
+    ``index holds workspace /other``, ``index is empty``, a ``scan_change``), or ``None`` when
+    it is in sync. Raises ``IndexStoreError``."""
     version = index.user_version()
     if version != len(MIGRATIONS):
         return f"schema version {version} (latest {len(MIGRATIONS)})"
@@ -126,21 +112,13 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
 
 def search_in_sync(index: ReadOnlyStore, settings: InSyncSettings, request: SearchRequest, *,
                    now_ms: int | None = None) -> list[Hit]:
-    """Keyword-only search of ``index`` as the engine answers it in FTS-only mode
-    (:func:`~fallback.search.fts_only.keyword_search`); the caller checks :func:`stale_reason`.
-
-    Args:
-        index: the open index.
-        settings: the agent's settings.
-        request: the checked request (its ``max_results`` / ``min_score`` default to ``settings``').
-        now_ms: the clock for temporal decay, epoch ms (default: now).
-
-    Returns: Hits best first, at most ``max_results``. Raises ``IndexStoreError``.
-    """
-    limit = settings.max_results if request.max_results is None else request.max_results
+    """The hits, best first, of the keyword-only search of ``index`` as the engine answers
+    ``request`` in FTS-only mode (:func:`~fallback.search.fts_only.keyword_search`, decay at
+    ``now_ms``, epoch ms, default now); the caller checks :func:`stale_reason` first. Raises
+    ``IndexStoreError``."""
+    limit, floor = request.limits(settings.max_results, settings.min_score)
     return keyword_search(
         index, request.query, sources=["memory"], limit=limit,
-        candidates=candidate_count(limit, settings.candidate_multiplier),
-        floor=settings.min_score if request.min_score is None else request.min_score,
+        candidates=candidate_count(limit, settings.candidate_multiplier), floor=floor,
         half_life_days=settings.half_life_days,
         now_ms=int(time.time() * 1000) if now_ms is None else now_ms).hits

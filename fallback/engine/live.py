@@ -67,10 +67,7 @@ class LiveSync:
 
     async def start(self) -> None:
         """Start the watcher (waits until it runs), the timers and a background boot sync; called
-        once. A watcher that cannot start marks the state degraded.
-
-        Raises ``UsageError``: the tasks are not open.
-        """
+        once. A watcher that cannot start marks the state degraded. Raises ``UsageError``."""
         tasks = self._tasks
         settings = self._engine.settings
         sync = settings.search.sync
@@ -244,9 +241,8 @@ class LiveSync:
 
     def snapshot(self, dead: str | None = None) -> LiveSnapshot:
         """The live part of a status (``dead``: what :meth:`check_watcher` just found); its
-        ``custom`` entries are ``{"watcher": MemoryWatcher.snapshot() | None, "live":
-        {"degraded", "syncs": {reason: count}, "sessionsPending", "stale"}}`` (``stale``:
-        :meth:`stale_reason`)."""
+        ``custom``: ``{"watcher": MemoryWatcher.snapshot() | None, "live": {"degraded", "syncs":
+        {reason: count}, "sessionsPending", "stale"}}``."""
         degraded = dead or self.degraded_reason
         stale = self.stale_reason()
         return LiveSnapshot(degraded, {

@@ -25,9 +25,8 @@ STILL_SYNCING = "the sync before this search still runs after its {budget_ms} ms
 
 @dataclass(frozen=True)
 class IndexState:
-    """What a search needs to know about the index before ranking: whether it ``has_chunks``,
-    the other workspace it holds (``held_workspace``, absolute, or ``None``) and why it is not
-    one this engine builds (``rebuild``, a
+    """What a search knows of the index before ranking: whether it ``has_chunks``, the other
+    workspace it holds (absolute, or ``None``) and why this engine would rebuild it (a
     :func:`~fallback.index.identity.full_reindex_reason`, or ``None``)."""
 
     has_chunks: bool
@@ -36,12 +35,9 @@ class IndexState:
 
 
 def read_index_state(store: SearchStore, workspace: str, identity: dict[str, Any]) -> IndexState:
-    """Read :class:`IndexState` of ``store`` for the absolute ``workspace`` path and the
-    ``identity`` this engine builds (blocking). A store with chunks and no metadata (the
-    postgres store keeps none) tells no rebuild.
-
-    Raises ``IndexStoreError``: the store cannot be read.
-    """
+    """The :class:`IndexState` of ``store`` for the absolute ``workspace`` path and the
+    ``identity`` this engine builds (blocking); chunks without metadata (the postgres store
+    keeps none) tell no rebuild. Raises ``IndexStoreError``."""
     held = other_workspace(store.get_meta_json(WORKSPACE_META), workspace)
     has_chunks, meta = store.has_chunks(), store.get_meta_json(META_KEY)
     rebuild = full_reindex_reason(meta, identity) if meta is not None or not has_chunks else None
@@ -50,20 +46,11 @@ def read_index_state(store: SearchStore, workspace: str, identity: dict[str, Any
 
 def presearch_sync(state: IndexState, *, synced: bool, dirty: bool,
                    on_search: bool) -> PresearchSync | None:
-    """Which sync a search runs before ranking.
-
-    Args:
-        state: the index as the search found it.
-        synced: whether this process has synced the store already (not counted while
-            ``state.rebuild`` is set).
-        dirty: whether the engine knows of changes not indexed yet.
-        on_search: ``sync.onSearch``.
-
-    Returns:
-        ``"await"`` (a sync awaited in full: the index holds another workspace, or is empty
-        before this process's first sync), ``"budget"`` (a sync waited for within the search's
-        budget: ``onSearch`` on and the index dirty or not synced yet) or ``None``.
-    """
+    """Which sync a search runs before ranking, given the index ``state``, whether this
+    process ``synced`` already (not counted while ``state.rebuild`` is set), knows of changes
+    not indexed (``dirty``) and ``sync.onSearch``: ``"await"`` (in full: the index holds
+    another workspace, or is empty before the first sync), ``"budget"`` (within the search's
+    budget: ``onSearch`` on and the index dirty or not synced yet) or ``None``."""
     synced = synced and state.rebuild is None
     if state.held_workspace is not None or (not synced and not state.has_chunks):
         return "await"
@@ -75,21 +62,18 @@ def presearch_sync(state: IndexState, *, synced: bool, dirty: bool,
 async def run_presearch_sync(state: IndexState, *, synced: bool, dirty: bool, on_search: bool,
                              budget_ms: int, sync: Callable[[float], Awaitable[None]],
                              live: Any = None) -> Literal["done", "running"] | None:
-    """Run the sync :func:`presearch_sync` asks for.
+    """Run the sync :func:`presearch_sync` asks for (arguments as there).
 
     Args:
-        state / synced / dirty / on_search: as :func:`presearch_sync`.
         budget_ms: the longest wait in ms for a ``"budget"`` sync (>= 0); past it the sync goes
             on in the background (live mode) or is cancelled between files (one-shot).
         sync: ``sync(lock_deadline)`` runs one sync for the search (failures recorded, not
-            raised); past ``lock_deadline`` (anyio clock, ``inf`` for an awaited sync) it stops
-            waiting for another process's lock on the store.
+            raised), waiting for another process's lock until ``lock_deadline`` (anyio clock).
         live: the engine's ``LiveSync`` in live mode (it runs a ``"budget"`` sync), or ``None``.
 
-    Returns: ``None`` when no sync was due; ``"running"`` when live mode's sync of changes seen
-    since this process synced (``synced`` and ``dirty``; not its first sync) still runs past the
-    budget (the answer comes from the index as it is: :data:`STILL_SYNCING`, the ``contract.STALE_WARNING``); else ``"done"``.
-    The store file may have been replaced unless ``None``.
+    Returns: ``None`` when no sync was due (else the store file may have been replaced);
+    ``"running"`` when live mode's sync of changes seen since this process synced still runs
+    past the budget (the answer tells :data:`STILL_SYNCING`); else ``"done"``.
     """
     kind = presearch_sync(state, synced=synced, dirty=dirty, on_search=on_search)
     if kind is None:

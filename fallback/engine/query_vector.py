@@ -69,14 +69,10 @@ def failure_text(exc: EmbeddingProviderError, *, query: bool) -> str:
 
 async def embed_query_within(provider: EmbeddingProvider | None, text: str, *,
                              timeout_ms: int) -> tuple[QueryVector | None, float]:
-    """Embed ``text`` within ``timeout_ms`` (``query.timeoutMs``), after :func:`ensure_model`
-    (no deadline); a provider that reports a changed vector size is asked once more.
-
-    Returns:
-        ``(query vector, or None without a provider; deadline as anyio clock time)``. Never
-        raises for a provider failure (past the deadline: ``query embedding timed out after
-        <timeout_ms> ms (query.timeoutMs)``).
-    """
+    """``(query vector, or None without a provider; deadline as anyio clock time)`` of
+    ``text`` embedded within ``timeout_ms`` (``query.timeoutMs``) after :func:`ensure_model`
+    (no deadline); a provider reporting a changed vector size is asked once more. A provider
+    failure is the vector's ``error`` (past the deadline: ``query embedding timed out ...``)."""
     fetch_error = None if provider is None else await ensure_model(provider)
     deadline = anyio.current_time() + timeout_ms / 1000
     if provider is None or fetch_error is not None:
@@ -118,16 +114,10 @@ class QueryVectorCache:
 
 
 class PreparedProvider:
-    """The provider as the ranking sees it during one search (its ``QueryEmbedder``): the query
-    answers the vector embedded beforehand; any other text is embedded before the deadline.
-
-    Args:
-        provider: the real provider.
-        vector: the prepared query vector (``[]``: keyword-only ranking).
-        query: the text ``vector`` was made for; ``None``: every text gets ``vector``.
-        deadline: anyio clock time after which the provider is not called (``None``: none).
-        cache: embeddings of other texts kept across searches, or ``None``.
-    """
+    """The ``provider`` as the ranking sees it during one search (its ``QueryEmbedder``): the
+    ``query`` text (``None``: every text) gets the ``vector`` embedded beforehand (``[]``:
+    keyword-only ranking); any other text is embedded before the anyio clock ``deadline``
+    (``None``: none), through ``cache`` across searches."""
 
     def __init__(self, provider: EmbeddingProvider, vector: list[float], *,
                  query: str | None = None, deadline: float | None = None,

@@ -30,11 +30,8 @@ CJK_SCHEME = "trigram+like"
 
 def files_waiting(store: MetaReads, settings: EngineSettings) -> int:
     """Memory files the index does not hold as they are on disk (blocking; stats every memory
-    file): new or changed files (``read_reason``; a file indexed with a caveat is an indexed
-    file) plus indexed files that are gone; skipped files do not wait.
-
-    Raises ``IndexStoreError``: the store cannot be read.
-    """
+    file): new or changed files (a file indexed with a caveat is indexed) plus indexed files
+    that are gone; skipped files do not wait. Raises ``IndexStoreError``."""
     if "memory" not in settings.search.sources:
         return 0
     s = settings.search
@@ -51,27 +48,21 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
                  last_error: str | None, synced: bool = True, live: Any = None,
                  notes: list[str] | None = None, provider_error: str | None = None,
                  sync_failure: dict[str, Any] | None = None) -> MemoryStatus:
-    """Read counters from ``store`` (blocking) and assemble the status.
+    """The status read from the open ``store`` (a :class:`ReadOnlyStore` while it cannot be
+    written; blocking): dirty for a degraded watcher, changes not indexed yet, chunks waiting
+    for vectors, files waiting after a failed sync (``custom.filesWaiting``), a pending rebuild
+    or another workspace; one ``source_counts`` entry per enabled source.
 
     Args:
-        store: the open store (a :class:`ReadOnlyStore` while it cannot be written).
         backend / settings / selection: backend name, engine settings, ``ProviderSelection``.
         vector: the vector index status when a provider exists, else ``None``.
-        dirty / dirty_reason: the engine's own stale flag and why.
-        synced: whether this process has synced (before that, ``not synced yet`` is dirty only
-            for a store without an index, spec §5.1).
-        last_error: this engine's last sync or query-embedding error.
-        live: ``LiveSync.snapshot()`` in live mode.
-        notes: one-off events, listed in ``issues``.
-        provider_error: how the last search's query embedding failed, or ``None``.
-        sync_failure: the last sync's failure as any process recorded it
-            (``EngineStore.failure``), or ``None``.
+        dirty / dirty_reason: the engine's own stale flag and why (``not synced yet`` before
+            this process ``synced`` is dirty only for a store without an index, spec §5.1).
+        last_error / provider_error: this engine's last error, the last query embedding's.
+        live: ``LiveSync.snapshot()`` in live mode; ``notes``: one-off events for ``issues``.
+        sync_failure: the last sync's failure as any process recorded it, or ``None``.
 
-    Returns:
-        ``MemoryStatus``: dirty for a degraded watcher, changes not indexed yet, chunks
-        waiting for vectors, files waiting after a failed sync (``custom.filesWaiting``), a
-        pending rebuild or another workspace; one ``source_counts`` entry per enabled source.
-        Raises ``IndexStoreError``.
+    Raises ``IndexStoreError``.
     """
     s = settings.search
     provider = selection.provider
@@ -85,7 +76,7 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     last_sync = store.get_meta_json("last_sync_at_ms")
     fts_error = store.fts_error
     degraded = live.degraded_reason if live is not None else None
-    stale = getattr(live, "stale_reason", None)  # live mode: changes seen, not indexed yet
+    stale = live.stale_reason if live is not None else None  # changes seen, not indexed yet
     if stale and not dirty:
         dirty, dirty_reason = True, f"index stale: {stale}"
     index = read_index_vectors(store)  # the backlog and vectorDims of the index meta
@@ -134,13 +125,11 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
 def _common(backend: str, settings: EngineSettings, selection: Any, cache_entries: int, *,
             vector: dict[str, Any] | None, provider_error: str | None,
             last_error: str | None, sync_failure: dict[str, Any] | None) -> dict[str, Any]:
-    """The status fields both stores fill alike (``selection``: the ``ProviderSelection``;
-    ``vector``: the store's view of its vector index when a provider exists; ``provider_error``:
-    how the provider last failed; ``last_error`` this engine's, else the recorded ``sync_failure``,
-    as another process's sync failed): ``search_mode`` is ``unavailable`` when a configured provider
-    fails closed, else the :func:`configured_mode` of a provider with its model (the keyword side,
-    ``fts.enabled``, is off in ``vector-only`` alone); ``vector`` adds the provider's
-    ``providerError`` and ``modelMissing``; ``healthy`` is no error, provider failure or missing model."""
+    """The status fields both stores fill alike (arguments as :func:`build_status`'s; the
+    recorded ``sync_failure`` is the ``last_error`` when this engine has none): ``search_mode``
+    ``unavailable`` when a configured provider fails closed, else the :func:`configured_mode`
+    of a provider with its model; ``vector`` with the provider's ``providerError`` and
+    ``modelMissing``; ``healthy`` without error, provider failure or missing model."""
     s, provider = settings.search, selection.provider
     problem_of = getattr(provider, "model_problem", None)
     model_missing = problem_of() if problem_of is not None else None
@@ -212,15 +201,9 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
                           sync_failure: dict[str, Any] | None = None) -> MemoryStatus:
     """The status of an engine on the postgres store from ``PostgresSearchStore.describe()``
     (``described``): counts of the published index, ``db_path`` as ``postgres <target>, schema
-    <name> version <n>`` (no password), the shared embedding cache's entries, ``custom.store``
-    the description, ``skipped`` the files the published sync skipped (or indexed with a
-    caveat), whichever process ran it.
-
-    ``selection`` is the ``ProviderSelection`` (its provider, or why there is none, as
-    :func:`build_status` reports it); ``dirty`` / ``dirty_reason`` / ``last_error`` /
-    ``provider_error`` are the engine's own state, ``issues`` what this process's last sync noticed,
-    ``sync_failure`` as :func:`build_status`'s (``custom.syncFailure``; its ``filesWaiting`` is
-    not counted here: ``None``)."""
+    <name> version <n>`` (no password), ``custom.store`` the description, ``skipped`` what the
+    published sync skipped, whichever process ran it; ``issues``: what this process's last sync
+    noticed; other arguments as :func:`build_status`'s (``filesWaiting`` is not counted)."""
     s = settings.search
     provider: EmbeddingProvider | None = selection.provider
     if dirty and dirty_reason == "not synced yet" and described["lastSyncAtMs"] is not None:

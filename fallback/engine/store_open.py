@@ -56,10 +56,8 @@ def open_postgres(settings: EngineSettings) -> PostgresSearchStore:
     ``store.schema``, migrated, with ``store.shareWith`` (less the agent itself) recorded when
     the config sets it (an empty list unshares; left out, what the schema owner recorded stays).
 
-    Raises:
-        ConfigError: the DSN or schema cannot be used.
-        PostgresUnavailableError: the server cannot be reached, refuses the login, lacks
-            pgvector, or the agent's role may not change the recorded ``shareWith``.
+    Raises ``ConfigError`` (the DSN or schema), ``PostgresUnavailableError`` (unreachable,
+    login refused, no pgvector, or the role may not change the recorded ``shareWith``).
     """
     from fallback.store.postgres.seam import PostgresSearchStore
     from fallback.store.postgres.store import PostgresStore
@@ -83,10 +81,7 @@ def open_postgres(settings: EngineSettings) -> PostgresSearchStore:
 def reopen_after_corruption(settings: EngineSettings, exc: IndexStoreCorruptError,
                             notes: list[str]) -> None:
     """After ``exc`` was seen on the (closed) store: move its files aside unless a
-    ``PRAGMA quick_check`` finds it sound now, and note the move.
-
-    Raises ``IndexStoreError``: the files could not be moved aside (the writer lock stayed held).
-    """
+    ``PRAGMA quick_check`` finds it sound now, and note the move. Raises ``IndexStoreError``."""
     def verify() -> Store:
         store = Store(settings.db_path, fts_tokenizer=settings.search.store.fts.tokenizer)
         problem = store.quick_check()
@@ -128,11 +123,8 @@ class EngineStore:
 
     async def open_search(self) -> tuple[Store | ReadOnlyStore | PostgresSearchStore,
                                          IndexStoreError | None]:
-        """The store a search reads: the postgres store, else :meth:`open_reader`'s.
-
-        Raises:
-            IndexStoreError: as :meth:`open_reader`, or the postgres store cannot be opened.
-        """
+        """The store a search reads: the postgres store, else :meth:`open_reader`'s. Raises
+        ``IndexStoreError``."""
         return (await self.open_postgres(), None) if self.is_postgres else await self.open_reader()
 
     async def open_postgres(self) -> PostgresSearchStore:
@@ -145,10 +137,8 @@ class EngineStore:
     async def keep_failure(self, kind: FailureKind, doc: Mapping[str, Any] | None) -> None:
         """Keep how the last ``kind`` (sync, or search's query embedding) failed (``doc``:
         ``sync_record.failure_doc``; ``None``: it succeeded) where every process's status reads
-        it (:meth:`failure`): beside the SQLite store file (``<store>.<kind>-failed.json``), or
-        as ``<kind>Failed`` of the postgres store's row of this agent's scope (its other hosts
-        share no state folder). Never raises: a record that cannot be kept is logged.
-        """
+        it: beside the SQLite store file, or as ``<kind>Failed`` of the postgres store's row of
+        this agent's scope. Never raises: a record that cannot be kept is logged."""
         try:
             await anyio.to_thread.run_sync(
                 partial(write_failure, self.settings.db_path, kind, doc) if not self.is_postgres

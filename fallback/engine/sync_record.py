@@ -21,13 +21,9 @@ FailureKind = Literal["sync", "query"]
 
 
 def failure_doc(*, reason: str, error: BaseException | str, at_ms: int) -> dict[str, Any]:
-    """A failure as recorded: ``{"reason", "error", "errorType", "atMs"}``.
-
-    Args:
-        reason: why the sync ran (``search`` for a query embedding).
-        error: an exception (its class kept as ``errorType``) or one line.
-        at_ms: when it failed, epoch ms.
-    """
+    """A failure as recorded: ``{"reason", "error", "errorType", "atMs"}`` of why the sync ran
+    (``search`` for a query embedding), the exception (its class as ``errorType``) or one line,
+    and when it failed (epoch ms)."""
     return {"reason": reason, "error": str(error), "atMs": at_ms,
             "errorType": type(error).__name__ if isinstance(error, BaseException) else None}
 

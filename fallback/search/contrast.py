@@ -57,17 +57,10 @@ def content_words(text: str) -> list[str]:
 
 
 def common_words(store: SearchStore, text: str) -> list[str]:
-    """The content words of ``text`` (:func:`content_words`) that are common in the store: held
-    by at least ``max(COMMON_MIN_CHUNKS, COMMON_SHARE x chunks)`` chunks (the text column of
-    ``chunks_fts``, every source). Blocking: call it in a worker thread.
-
-    Returns:
-        The common words in query order; ``[]`` without FTS5 (a trigram table skips words
-        shorter than 3 code points).
-
-    Raises:
-        IndexStoreError: on a SQLite failure.
-    """
+    """The content words of ``text`` (:func:`content_words`), in query order, held by at least
+    ``max(COMMON_MIN_CHUNKS, COMMON_SHARE x chunks)`` chunks (the text column of ``chunks_fts``,
+    every source; a trigram table skips words under 3 code points); ``[]`` without FTS5.
+    Blocking. Raises ``IndexStoreError``."""
     if store.fts_error is not None:
         return []
     words = content_words(text)

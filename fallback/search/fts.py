@@ -79,18 +79,11 @@ def quote_term(token: str) -> str:
 
 
 class FtsPlan(NamedTuple):
-    """How one query runs against the store.
-
-    Attributes:
-        tokens: every query token (NFC, order kept, duplicates removed).
-        match: ``MATCH`` expression for ``chunks_fts``, or ``None``.
-        trigram_match: ``MATCH`` expression for ``chunks_trigram`` (long CJK tokens), or ``None``.
-        like_terms: tokens matched by ``LIKE`` on ``chunks.text`` (short tokens, see above).
-        terms: the content parts searched, lower-case, in query order.
-        mark_match: the OR of the content parts alone (no common ones, no pairs): the
-            ``MATCH`` whose ``highlight()`` marks a hit's snippet window; ``None`` with ``match``.
-        parts: ``(key, MATCH expression)`` of each content part, for counting its chunks.
-    """
+    """How one query runs against the store: every query ``token`` (NFC, first occurrences),
+    the ``MATCH`` of ``chunks_fts`` and of ``chunks_trigram`` (long CJK tokens; either may be
+    ``None``), the short tokens matched by ``LIKE``, the content parts searched (``terms``,
+    lower-case), ``mark_match`` (their OR without common parts or pairs, whose ``highlight()``
+    marks a snippet window) and ``(key, MATCH expression)`` of each part (``parts``)."""
 
     tokens: tuple[str, ...]
     match: str | None
@@ -179,24 +172,19 @@ class FtsQuery:
     def plan(self, *, coverage_pairs: bool = True, common: frozenset[str] = frozenset(),
              drop_common: bool = False, unpaired: frozenset[str] = frozenset(),
              absent: frozenset[str] = frozenset()) -> FtsPlan:
-        """The plan of the query as the store's counts choose it; never raises.
+        """The :class:`FtsPlan` of the query as the store's counts choose it; never raises.
+        E.g. (unicode61) ``hello world`` -> ``"hello" OR "world" OR "helloworld" OR NEAR("hello"
+        "world", 10)``; ``価格 2026年`` -> no match, trigram ``"2026年"``, like ``価格``.
 
         Args:
-            coverage_pairs: add the ``(a AND b)`` pairs of the first six parts (when FTS5 clamps
-                the IDF of every part).
-            common: keys of parts (:attr:`parts`) found in at least half of the chunks: they
-                join no pair and mark no snippet line.
+            coverage_pairs: add the ``(a AND b)`` pairs of the first six parts.
+            common: keys of parts found in at least half of the chunks: they join no pair and
+                mark no snippet line.
             drop_common: also leave the ``common`` parts out of ``match`` when the query has a
-                rarer part (a large store: there they change no rank, only add cost).
+                rarer part (a large store: there they add only cost).
             unpaired: keys of further parts that join no ``NEAR`` pair.
             absent: ``MATCH`` expressions (of :attr:`parts` and :attr:`joined`) found in no
-                chunk: left out of ``match`` with the ``NEAR`` pairs they are in (they add no
-                row and ``0.0`` to every row's ``bm25()``), unless nothing else would be left.
-
-        Returns:
-            An :class:`FtsPlan`. Examples (unicode61): ``hello world`` -> match ``"hello" OR
-            "world" OR "helloworld" OR NEAR("hello" "world", 10)``; ``Wi-Fi`` -> ``("wi fi" OR
-            "wifi")``; ``価格 2026年`` -> no match, trigram ``"2026年"``, like ``価格``.
+                chunk: left out with their ``NEAR`` pairs, unless nothing else would be left.
         """
         if self._fixed is not None:
             return self._fixed
@@ -231,16 +219,9 @@ class FtsQuery:
 
 
 def analyze_fts_query(query: str, *, tokenizer: str = "unicode61") -> FtsQuery | None:
-    """Cut free text into the parts of its FTS plan (see the module docstring); never raises.
-
-    Args:
-        query: any user text.
-        tokenizer: the configured tokenizer of ``chunks_fts`` (``unicode61`` or ``trigram``).
-
-    Returns:
-        ``None`` when the text has no token (blank, only punctuation); else an
-        :class:`FtsQuery`, whose :meth:`FtsQuery.plan` takes the store's counts.
-    """
+    """Cut any user text into the parts of its FTS plan for ``chunks_fts``'s ``tokenizer``
+    (``unicode61`` or ``trigram``): an :class:`FtsQuery`, or ``None`` when the text has no token
+    (blank, only punctuation); never raises."""
     text = unicodedata.normalize("NFC", query)
     words = list(_word_matches(text))
     tokens = tuple(dict.fromkeys(m.group() for m in words))

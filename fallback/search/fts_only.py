@@ -1,10 +1,6 @@
-"""Keyword-only ranking steps, blocking and free of pydantic and anyio.
-
-The engine's :class:`~fallback.search.pipeline.Searcher` runs them in a worker thread, and
-:func:`keyword_search` chains them (no reranker) for the one-shot read-only search, qmd's
-``search``-mode passages and the library, so every route ranks and cuts snippets with the
-same code.
-"""
+"""Keyword-only ranking steps, blocking and free of pydantic and anyio: the engine's
+:class:`~fallback.search.pipeline.Searcher` runs them in a worker thread, and
+:func:`keyword_search` chains them for every other route (one-shot search, qmd's passages)."""
 
 from __future__ import annotations
 
@@ -45,18 +41,10 @@ def clamp_score(score: float) -> float:
 
 
 class Hit(NamedTuple):
-    """One search hit below the edge (the shared ``MemorySearchResult`` model is made from
-    ``_asdict()``).
-
-    Attributes:
-        path: the file's path as indexed (workspace-relative, ``/`` separators).
-        start_line / end_line: 1-based inclusive line range of the chunk.
-        score: in ``[0, 1]`` (:func:`clamp_score`).
-        snippet: the window of the chunk's lines that best matches the query (at most the
-            snippet budget in code points), on lines ``snippet_start_line..snippet_end_line``.
-        source: ``memory`` or ``sessions``.
-        text_score: the keyword side's score before temporal decay, or ``None``.
-    """
+    """One search hit below the edge (``MemorySearchResult`` is made from ``_asdict()``): path
+    as indexed, the chunk's 1-based inclusive lines, score in ``[0, 1]``
+    (:func:`clamp_score`), the snippet (:func:`hit_snippets`) and its lines, source, and the
+    keyword score before temporal decay (or ``None``)."""
 
     path: str
     start_line: int
@@ -89,21 +77,11 @@ def keyword_search(store: SearchStore, text: str, *, sources: Sequence[str], lim
                    candidates: int, floor: float, half_life_days: int | None, now_ms: int,
                    max_snippet_chars: int = SNIPPET_MAX_CHARS,
                    plan: FtsPlan | None = None) -> KeywordAnswer:
-    """Keyword-only search of ``store`` without a reranker: :func:`keyword_ranked`,
-    :func:`keyword_results`, :func:`hit_snippets` (blocking).
+    """Keyword-only search of ``store`` without a reranker (blocking): :func:`keyword_ranked`
+    (arguments as there; the plan is made here when ``None``), :func:`keyword_results` cut to
+    ``limit`` (>= 1) hits, :func:`hit_snippets` of at most ``max_snippet_chars`` code points.
 
-    Args:
-        store / text / sources: the open store, the stripped query, the sources searched.
-        limit: hits wanted, ``>= 1``.
-        candidates / floor / half_life_days / now_ms / plan: as :func:`keyword_ranked` (the
-            plan is made here when ``None``).
-        max_snippet_chars: snippet budget in code points, ``>= 1``.
-
-    Returns:
-        A :class:`KeywordAnswer`.
-
-    Raises:
-        IndexStoreError: the store cannot be read.
+    Raises ``IndexStoreError``: the store cannot be read.
     """
     if plan is None and store.fts_error is None:
         plan = search_plan(store, text)
@@ -128,11 +106,7 @@ class HitSnippet(NamedTuple):
 def decayed(store: SearchStore, cands: list[Candidate], *, half_life_days: int | None, now_ms: int,
             trace: SearchTrace | None = None) -> list[Candidate]:
     """Temporal decay of ``cands`` by half-life (``None``: off; then only sorted), best first;
-    undated files are dated by the store's ``files.mtime``.
-
-    Raises:
-        IndexStoreError: on a SQLite failure.
-    """
+    undated files are dated by the store's ``files.mtime``. Raises ``IndexStoreError``."""
     if half_life_days is None or not cands:
         return sorted(cands, key=lambda c: -c.score)
     mtimes = store.file_mtimes(sorted({c.path for c in cands}))
@@ -150,18 +124,13 @@ def decayed(store: SearchStore, cands: list[Candidate], *, half_life_days: int |
 def keyword_ranked(store: SearchStore, text: str, srcs: list[str], *, candidates: int, floor: float,
                    half_life_days: int | None, now_ms: int, plan: FtsPlan | None,
                    trace: SearchTrace | None = None) -> list[Candidate]:
-    """Step 1 of keyword-only search: the candidates of the stripped query ``text`` in
-    ``srcs`` (``candidates`` per source, :func:`candidate_count`; ``plan``: the query's
+    """Step 1 of keyword-only search, best first: the candidates of the stripped query
+    ``text`` in ``srcs`` (``candidates`` per source; ``plan``: the query's
     :func:`~fallback.search.keyword.search_plan` or ``None``), the score floor ``floor``
     (``minScore``; all are kept when none reaches it, spec §8.6), then temporal decay
-    (``half_life_days``, ``None``: off; ``now_ms``: epoch ms). ``trace``: the ``--explain``
-    trace to fill in, or ``None``.
+    (``half_life_days``, ``None``: off; ``now_ms``: epoch ms), recorded in ``trace``.
 
-    Returns:
-        The kept candidates, best first.
-
-    Raises:
-        IndexStoreError: on a SQLite failure.
+    Raises ``IndexStoreError``: on a SQLite failure.
     """
     hits = rank_keyword_candidates(store, text, srcs, candidates, plan=plan)
     if trace:
@@ -181,14 +150,9 @@ def keyword_results(ranked: list[Candidate], *, limit: int) -> list[Candidate]:
 def hit_snippets(store: SearchStore, text: str, hits: Sequence[Candidate], *, plan: FtsPlan | None,
                  max_snippet_chars: int = SNIPPET_MAX_CHARS) -> list[HitSnippet]:
     """The snippet of every hit: the window of its chunk's lines that best matches the query
-    (:func:`~fallback.search.snippets.best_window`; the chunk's first lines for a hit without a
-    mark), the matches marked by one FTS5 ``highlight()`` statement for the hits longer than
-    the budget (:func:`~fallback.search.keyword.highlight_hits`; a shorter chunk is its own
-    snippet, no statement runs when every hit is).
-
-    Raises:
-        IndexStoreError: on a SQLite failure.
-    """
+    (:func:`~fallback.search.snippets.best_window`), the matches of the hits longer than the
+    budget marked by one :func:`~fallback.search.keyword.highlight_hits` statement (a shorter
+    chunk is its own snippet). Raises ``IndexStoreError``."""
     marked = highlight_hits(store, text, [c for c in hits if len(c.snippet) > max_snippet_chars],
                             plan=plan)
     out = []

@@ -93,18 +93,11 @@ def text_evidence(scores: Sequence[float]) -> list[float]:
 
 
 def vector_evidence(cosines: Sequence[float], stats: CosineStats) -> list[float]:
-    """Vector evidence of one query's vector candidates: ``clamp(z / full, 0, 1)`` with
-    ``z = (cosine - stats.mean) / stats.std``, the candidate's standard score among every chunk
-    searched, and ``full = min(FULL_EVIDENCE_Z, sqrt(count - 1))``.
-
-    ``sqrt(count - 1)`` is the largest standard score ``count`` values can reach (a clear
-    outlier among a few chunks still reaches 1). Without spread (``std == 0``, one chunk) the
-    cosine clamped to ``[0, 1]`` is the evidence; a cosine ``<= 0`` or non-finite has none.
-    Standard-score normalisation (Montague & Aslam, CIKM 2001).
-
-    Returns:
-        One evidence in ``[0, 1]`` per cosine, same order.
-    """
+    """Vector evidence in ``[0, 1]`` of one query's vector candidates, same order:
+    ``clamp(z / full, 0, 1)`` with ``z = (cosine - stats.mean) / stats.std`` and ``full =
+    min(FULL_EVIDENCE_Z, sqrt(count - 1))``, the largest standard score ``count`` values can
+    reach. Without spread (``std == 0``) the cosine clamped to ``[0, 1]``; a cosine ``<= 0`` or
+    non-finite has none. Source: standard-score normalisation (Montague & Aslam, CIKM 2001)."""
     spread = stats.count >= 2 and stats.std > 0 and math.isfinite(stats.std)
     full = min(FULL_EVIDENCE_Z, math.sqrt(max(1, stats.count - 1)))
     out = []
@@ -127,15 +120,10 @@ def rank_evidence(count: int, *, k: int = RRF_K) -> list[float]:
 
 def calibrated_score(vector_evidence: float, text_evidence: float, *, vector_weight: float,
                      text_weight: float) -> float:
-    """The hybrid score of one chunk: ``h·max(v, t) + (1 - h)·(wv·v + wt·t) / (wv + wt)``.
-
-    ``h`` is :data:`MAX_EVIDENCE_SHARE`: the strongest evidence (CombMAX) plus the weighted mean
-    (CombSUM; Fox & Shaw, TREC-2 1994), so the best hit of one side alone is never lost to the
-    floor and agreement of both sides lifts a chunk above either alone.
-
-    ``v`` and ``t`` are each side's evidence in ``[0, 1]`` (0 when that side did not return
-    the chunk); the weights are ``>= 0`` (both 0: equal). Returns a score in ``[0, 1]``.
-    """
+    """The hybrid score in ``[0, 1]`` of one chunk: ``h·max(v, t) + (1 - h)·(wv·v + wt·t) /
+    (wv + wt)`` with ``h`` = :data:`MAX_EVIDENCE_SHARE`, ``v`` / ``t`` each side's evidence in
+    ``[0, 1]`` (0: that side did not return it), weights ``>= 0`` (both 0: equal).
+    Source: CombMAX plus CombSUM (Fox & Shaw, TREC-2 1994)."""
     v = min(1.0, max(0.0, _finite(vector_evidence)))
     t = min(1.0, max(0.0, _finite(text_evidence)))
     total = vector_weight + text_weight
@@ -154,24 +142,15 @@ def _dedupe(hits: Sequence[Candidate]) -> list[Candidate]:
 def fuse(vector_hits: Sequence[Candidate], keyword_hits: Sequence[Candidate], *,
          method: FusionMethod = "scores", vector_weight: float, text_weight: float,
          cosine_stats: CosineStats | None = None) -> list[Candidate]:
-    """Merge vector and keyword candidates into one list scored by :func:`calibrated_score`.
+    """Merge vector and keyword candidates (each best first; cosine in ``vector_score`` or
+    ``score``, text score in ``text_score`` or ``score``) into new candidates scored by
+    :func:`calibrated_score`, one per chunk id (the first kept), best first (ties: vector order,
+    then keyword order); a chunk on both sides takes the keyword hit's snippet.
 
-    Evidence: :func:`text_evidence` and :func:`vector_evidence` (``"scores"``), or each side's
-    ranks (:func:`rank_evidence`, ``"rrf"``). A side with no candidates abstains: its weight
-    goes to the other side.
-
-    Args:
-        vector_hits / keyword_hits: each side's candidates, best first (cosine in
-            ``vector_score`` or ``score``; text score in ``text_score`` or ``score``).
-        method / vector_weight / text_weight: ``query.hybrid.fusion`` and its weights.
-        cosine_stats: the spread of the query's cosine over every chunk searched (``None``:
-            from ``vector_hits`` alone).
-
-    Returns:
-        New candidates, one per chunk id (a duplicate id keeps the first), best first (ties:
-        vector order, then keyword order), with ``vector_score``, ``text_score``, both
-        evidences and the calibrated ``score``; a chunk on both sides takes the keyword hit's
-        snippet.
+    Evidence (``method``, ``query.hybrid.fusion``): :func:`text_evidence` and
+    :func:`vector_evidence` over ``cosine_stats`` (``None``: of ``vector_hits``) for
+    ``"scores"``, each side's ranks (:func:`rank_evidence`) for ``"rrf"``. A side with no
+    candidates abstains: its weight goes to the other side.
     """
     vec = _dedupe(vector_hits)
     kw = _dedupe(keyword_hits)

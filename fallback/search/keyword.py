@@ -39,11 +39,7 @@ LARGE_STORE_PAIR_SHARE = 0.25
 def keyword_rows(store: SearchStore, plan: FtsPlan, *, sources: Sequence[str],
                  limit: int) -> list[KeywordRow]:
     """The best ``limit`` rows of ``sources`` for a keyword plan (``SearchStore.keyword_rows``;
-    rank ``0.0`` for a LIKE-only row).
-
-    Raises:
-        IndexStoreError: the store cannot be read.
-    """
+    rank ``0.0`` for a LIKE-only row). Raises ``IndexStoreError``."""
     return store.keyword_rows(plan.match, sources=sources, limit=limit,
                               trigram_match=plan.trigram_match, like_patterns=plan.like_patterns,
                               fallback_like_patterns=plan.fallback_like_patterns)
@@ -67,10 +63,7 @@ def search_plan(store: SearchStore, text: str) -> FtsPlan | None:
     (:func:`~fallback.search.fts.analyze_fts_query`), its first :data:`COUNTED_PARTS` parts and
     its joined forms counted in one statement, and :meth:`~fallback.search.fts.FtsQuery.plan`
     given the parts in half of the chunks or more as ``common`` and those in none as ``absent``
-    (the rule: docs/architecture.md, "How the builtin engine searches").
-
-    Raises:
-        IndexStoreError: on a SQLite failure.
+    (the rule: docs/architecture.md, "How the builtin engine searches"). Raises ``IndexStoreError``.
     """
     query = analyze_fts_query(text, tokenizer=store.fts_tokenizer)
     if query is None or len(query.parts) < 2:
@@ -95,11 +88,8 @@ def rank_keyword_hits(store: SearchStore, text: str, srcs: list[str], limit: int
     """Keyword hits for ``text`` in ``srcs``, best first (blocking): the query's plan
     (:func:`search_plan` unless ``plan`` is given) ranked by BM25 in SQL, at most ``limit`` of
     each source, scored by :func:`relative_scores`; on a SQLite without FTS5 substring hits
-    (``fallback/search/substring.py``); ``[]`` when the text has nothing to search.
-
-    Raises:
-        IndexStoreError: on a SQLite failure.
-    """
+    (``fallback/search/substring.py``); ``[]`` when the text has nothing to search. Raises
+    ``IndexStoreError``."""
     if store.fts_error is not None:
         return rank_substring_hits(store, text, srcs, limit)
     plan = plan or search_plan(store, text)
@@ -122,19 +112,12 @@ def rank_keyword_hits(store: SearchStore, text: str, srcs: list[str], limit: int
 
 def rank_keyword_candidates(store: SearchStore, text: str, srcs: list[str], candidates: int, *,
                             plan: FtsPlan | None = None) -> list[Candidate]:
-    """Keyword candidates for ``text``, best first (blocking): :func:`rank_keyword_hits`; when
-    that finds nothing (a CJK run with no exact substring match), the query's keywords one by
-    one (at most :data:`MAX_FALLBACK_KEYWORDS`: ``fallback.text.keywords.cjk_words`` for a CJK
-    query, else ``extract_keywords``), each chunk scoring the sum of its per-keyword scores
-    divided by the best sum.
-
-    ``candidates``: most candidates of each source of ``srcs`` (the keyword fallback: in all);
-    ``plan``: the query's :func:`search_plan` when the caller has it. ``[]`` when the text has
-    nothing to search.
-
-    Raises:
-        IndexStoreError: on a SQLite failure.
-    """
+    """At most ``candidates`` keyword candidates per source of ``srcs`` (the keyword fallback:
+    in all), best first (blocking): :func:`rank_keyword_hits` (``plan`` as there); when that
+    finds nothing (a CJK run with no exact substring match), the query's keywords one by one
+    (at most :data:`MAX_FALLBACK_KEYWORDS`: ``cjk_words`` for a CJK query, else
+    ``extract_keywords``), a chunk scoring its summed keyword scores over the best sum.
+    Raises ``IndexStoreError``."""
     hits = rank_keyword_hits(store, text, srcs, candidates, plan=plan)
     if hits:
         return hits
@@ -155,20 +138,11 @@ def rank_keyword_candidates(store: SearchStore, text: str, srcs: list[str], cand
 
 def highlight_hits(store: SearchStore, text: str, hits: Sequence[Candidate], *,
                    plan: FtsPlan | None = None) -> dict[str, str]:
-    """The text of each hit with the query's matches marked, for snippet windows: FTS5
-    ``highlight()`` of the plan's ``mark_match`` (same tokenizer and stemming as the ranking);
-    CJK tokens, matched as substrings, by :func:`~fallback.search.snippets.mark_substrings`.
-
-    Args:
-        store / text: the store the ``hits`` (keyword or vector hits) came from, the query.
-        plan: the query's :func:`search_plan`, when the caller has it already.
-
-    Returns:
-        ``{chunk_id: marked text}``; a hit absent from the map has no keyword signal.
-
-    Raises:
-        IndexStoreError: on a SQLite failure.
-    """
+    """``{chunk_id: text with the query's matches marked}`` of the ``hits`` (keyword or vector
+    hits of ``store``), for snippet windows: FTS5 ``highlight()`` of the ``plan``'s
+    ``mark_match`` (:func:`search_plan` when ``None``); CJK tokens, matched as substrings, by
+    :func:`~fallback.search.snippets.mark_substrings`. A hit left out has no keyword signal.
+    Raises ``IndexStoreError``."""
     if not hits or store.fts_error is not None:
         return {}
     plan = plan or search_plan(store, text)

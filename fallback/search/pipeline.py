@@ -66,23 +66,12 @@ SCOPE_FAILURES = (BackendUnavailableError, IndexStoreError)
 def merge_scopes(own: list[MemorySearchResult],
                  shared: Sequence[tuple[str, list[MemorySearchResult] | MemorySearchError]], *,
                  limit: int) -> tuple[list[MemorySearchResult], list[str]]:
-    """One answer from the hits of the agent's own scope and of the scopes other agents share
-    with it, each ranked by the pipeline over its own statistics: a shared hit's path becomes
-    ``shared/<owner>/<path>`` (:func:`~fallback.sources.read_page.shared_path`), the lists are
-    merged by score (each keeps its own order; on equal scores the own hit first, then the
-    owners' in the order given) and cut to ``limit`` hits. A shared scope whose search failed
-    (one of :data:`SCOPE_FAILURES`, caught by the caller) is left out with a warning naming its
-    owner and the reason; the own scope's failure is the search's.
-
-    Args:
-        own: the own scope's hits, best first.
-        shared: ``(owner agent, its hits best first, or the error its search raised)`` per
-            shared scope.
-        limit: hits wanted.
-
-    Returns:
-        ``(hits, warnings)``: one warning per scope left out.
-    """
+    """``(hits, warnings)``: the ``own`` scope's hits and each shared scope's (``shared``:
+    ``(owner agent, its hits or the error its search raised)``), each best first by its own
+    statistics, merged by score (on equal scores the own hit first, then the owners' in order)
+    and cut to ``limit``; a shared hit's path becomes ``shared/<owner>/<path>``
+    (:func:`~fallback.sources.read_page.shared_path`). A scope whose search failed (one of
+    :data:`SCOPE_FAILURES`) is left out with one warning naming its owner and the reason."""
     from fallback.sources.read_page import shared_path
 
     labelled = [[r.model_copy(update={"path": shared_path(owner, r.path)}) for r in hits]
@@ -101,22 +90,16 @@ def configured_mode(*, has_provider: bool, hybrid_enabled: bool) -> str:
 
 
 class Searcher:
-    """Keyword-only and hybrid ranking over one store.
-
-    Args:
-        settings: the engine settings (``query.*`` knobs).
-        vector_index: returns the engine's ``VectorIndex``.
-        now_ms: clock in epoch ms (temporal decay).
-        on_error: records a non-fatal problem (a failed query embedding) for ``status()``.
-        reranker: the optional reranker (``query.rerank``), or ``None``.
-        trace: filled in by the ranking steps for ``--explain``, else ``None``.
+    """Keyword-only and hybrid ranking of one search over one store, with the ``query.*``
+    knobs of ``settings``, the engine's ``VectorIndex`` from ``vector_index()``, the clock
+    ``now_ms()`` (epoch ms), ``on_error`` recording a non-fatal problem for ``status()``, the
+    optional ``reranker`` and the ``--explain`` ``trace`` (or ``None``).
 
     Attributes:
         warnings: this search's non-fatal notes (a failed rerank), for the answer.
-        mode: the ranking that ran (``fts-only`` also when the query had no usable vector),
-            ``None`` before :meth:`run`.
-        fts_checked / fts_error: whether this search has read the store's FTS5 state, and why
-            FTS5 is unavailable (``None``: it is).
+        mode: the ranking that ran (``fts-only`` also without a usable query vector).
+        fts_checked / fts_error: whether the store's FTS5 state was read, and why FTS5 is
+            unavailable (``None``: it is).
     """
 
     def __init__(self, settings: EngineSettings, *, vector_index: Callable[[], Any],

@@ -40,21 +40,12 @@ _DATED_NAME = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:\.md|[^0-9].*\.md)$", re.I
 
 @dataclass
 class Candidate:
-    """One search candidate (a chunk) on its way through ranking.
-
-    Attributes:
-        chunk_id: the chunk's primary key in the store.
-        path: workspace-relative path, ``/`` separators (sessions: ``sessions/<file>.jsonl``).
-        source: ``"memory"`` or ``"sessions"``.
-        start_line / end_line: the chunk's lines, 1-based inclusive.
-        snippet: the chunk's text (shown for the hit, MMR's content).
-        score: the ranking score: a raw vector hit's cosine, a raw keyword hit's text score,
-            after fusion the calibrated score in ``[0, 1]``, then times temporal decay.
-        vector_score: cosine of the chunk (its best window) to the query, ``0.0`` if none.
-        text_score: BM25-derived text score in ``[0, 1]``, ``0.0`` when not a keyword hit.
-        bm25: FTS5 ``bm25()`` of a keyword hit (lower is better), ``None`` otherwise.
-        vector_evidence / text_evidence: each side's evidence after fusion, in ``[0, 1]``.
-    """
+    """One search candidate (a chunk) on its way through ranking: its id, workspace-relative
+    path, source, 1-based inclusive lines and text (``snippet``); ``score`` is a vector hit's
+    cosine or a keyword hit's text score, the calibrated score in ``[0, 1]`` after fusion,
+    then times temporal decay; ``vector_score`` the best window's cosine, ``text_score`` the
+    BM25-derived score in ``[0, 1]`` (``0.0``: none), ``bm25`` FTS5's ``bm25()`` (lower is
+    better) of a keyword hit, and each side's evidence after fusion."""
 
     chunk_id: str
     path: str
@@ -121,28 +112,17 @@ def decay_timestamp_ms(cand: Candidate, mtime_ms: Callable[[str, str], int | Non
 
 def apply_temporal_decay(cands: list[Candidate], *, half_life_days: float, now_ms: int,
                          mtime_ms: Callable[[str, str], int | None]) -> list[Candidate]:
-    """Multiply each candidate's score by its file's decay multiplier
-    (:func:`decay_timestamp_ms`; ``mtime_ms`` is asked at most once per file) and re-sort.
+    """New candidates, best first (stable), each score times its file's decay multiplier at
+    ``now_ms`` (epoch ms) by ``half_life_days`` (non-finite or ``<= 0``: no decay), dated by
+    :func:`decay_timestamp_ms` (``mtime_ms(source, path)``, epoch ms or ``None``, asked at
+    most once per file)."""
+    files = {(c.source, c.path): c for c in reversed(cands)}
+    stamps = {key: decay_timestamp_ms(c, mtime_ms) for key, c in files.items()}
 
-    Args:
-        cands: candidates, any order.
-        half_life_days: half-life in days (non-finite or ``<= 0`` disables decay).
-        now_ms: the current time in ms since the epoch.
-        mtime_ms: ``(source, path) -> ms since the epoch | None`` (``None``: no decay).
+    def factor(stamp: int | None) -> float:
+        return 1.0 if stamp is None else decay_multiplier((now_ms - stamp) / MS_PER_DAY, half_life_days)
 
-    Returns:
-        New candidates with decayed ``score``, sorted by score descending (stable).
-    """
-    stamps: dict[tuple[str, str], int | None] = {}
-    out: list[Candidate] = []
-    for cand in cands:
-        key = (cand.source, cand.path)
-        if key not in stamps:
-            stamps[key] = decay_timestamp_ms(cand, mtime_ms)
-        stamp = stamps[key]
-        factor = 1.0 if stamp is None else decay_multiplier((now_ms - stamp) / MS_PER_DAY, half_life_days)
-        out.append(replace(cand, score=cand.score * factor))
-    return _by_score_desc(out)
+    return _by_score_desc([replace(c, score=c.score * factor(stamps[(c.source, c.path)])) for c in cands])
 
 
 # A hit is dropped when more than this share of its lines lies inside better hits of its file.
@@ -153,11 +133,7 @@ def drop_covered(cands: list[Candidate]) -> list[Candidate]:
     """The candidates minus those whose lines the better candidates mostly show already:
     walking ``cands`` in order, one is dropped when more than :data:`MAX_SHARED_LINES` of its
     lines lie inside the kept candidates of its source and path (chunks overlap, and a file's
-    last chunk is often little more than the previous one's tail).
-
-    Returns:
-        The kept candidates of ``cands`` (best first), order unchanged (a new list).
-    """
+    last chunk is often little more than the previous one's tail). Order kept, a new list."""
     kept: list[Candidate] = []
     shown: dict[tuple[str, str], set[int]] = {}
     for c in cands:
@@ -207,10 +183,7 @@ def mmr_rerank(cands: list[Candidate], *, lambda_: float) -> list[Candidate]:
     :func:`mmr_tokens` of the snippets), ties to the higher score, then the earlier position.
 
     ``lambda_`` in ``[0, 1]`` (clamped; non-finite -> 1): 1 is a plain sort by score, 0 pure
-    diversity (spec §8.8).
-
-    Returns:
-        The same candidate objects in MMR order (a new list).
+    diversity (spec §8.8). Returns the same candidate objects in MMR order (a new list).
     """
     if len(cands) <= 1:
         return list(cands)

@@ -72,16 +72,11 @@ class Reranker(Protocol):
 
 def apply_rerank_scores(cands: list[Candidate], scores: Sequence[float | None], *,
                         top_n: int) -> list[Candidate]:
-    """Reorder the first ``top_n`` candidates by reranker score (pure): the head is sorted by
-    ``scores`` descending (``None`` and non-finite last, ties in fused order) and takes its
-    fused scores best-first; the tail follows unchanged.
+    """New candidates of ``cands`` (best first) with the first ``top_n`` (>= 1) reordered by
+    reranker ``scores`` (pure): the head sorted by score descending (``None`` and non-finite
+    last, ties in fused order) takes its fused scores best-first; the tail follows unchanged.
 
-    Returns:
-        New candidates (same length; only ``score`` and order change) from ``cands`` (best
-        first) and one score per head candidate (``top_n >= 1``).
-
-    Raises:
-        ValueError: ``scores`` does not match the head.
+    Raises ``ValueError``: ``scores`` does not match the head.
     """
     head, tail = cands[:top_n], cands[top_n:]
     if len(scores) != len(head):
@@ -104,9 +99,6 @@ async def rerank_stage(reranker: Reranker, settings: RerankSettings, query: str,
     candidates with ``reranker`` and reorder them (:func:`apply_rerank_scores`), recorded in
     ``trace``. A ``RerankerError``, a reply of the wrong length or the stage's deadline (retries
     included) keep ``cands`` as they are, with a warning appended to ``warnings``.
-
-    Returns:
-        The reordered candidates, or ``cands`` unchanged when the stage failed.
     """
     head = cands[:settings.top_n]
     if not head:
@@ -132,16 +124,12 @@ async def rerank_stage(reranker: Reranker, settings: RerankSettings, query: str,
 
 
 def parse_rerank_response(body: Any, count: int, *, provider: str = "http") -> list[float | None]:
-    """Scores from a ``/v1/rerank`` answer (JSON ``body``), in document order: its
-    ``results`` (Cohere, Jina, llama.cpp server) or ``data`` (Voyage) list of ``{index,
-    relevance_score}``; documents missing from it get ``None``.
+    """The ``count`` scores (one per document sent, in order; ``None`` when missing) of a
+    ``/v1/rerank`` answer (JSON ``body``): its ``results`` (Cohere, Jina, llama.cpp server) or
+    ``data`` (Voyage) list of ``{index, relevance_score}``.
 
-    Returns:
-        ``count`` scores (``count``: documents sent; ``provider`` names errors).
-
-    Raises:
-        RerankerError: not that shape, an index out of range or repeated, a score that is not
-            a finite number.
+    Raises ``RerankerError`` (naming ``provider``): not that shape, an index out of range or
+    repeated, a score that is not a finite number.
     """
     items = body.get("results", body.get("data")) if isinstance(body, dict) else None
     if not isinstance(items, list):

@@ -78,17 +78,10 @@ def _strip_marks(text: str) -> str:
 
 
 def best_window(marked: str, *, max_chars: int) -> SnippetWindow:
-    """The best window of whole lines of one chunk (see the module docstring).
-
-    Args:
-        marked: the chunk text with matches wrapped in :data:`MARK_OPEN` / :data:`MARK_CLOSE`
-            (no marks at all is allowed).
-        max_chars: snippet budget in code points (``> 0``).
-
-    Returns:
-        The window. A single line longer than ``max_chars`` is cut to ``max_chars`` code
-        points around its first mark (the only case where a line is not whole).
-    """
+    """The best window of whole lines of one chunk (see the module docstring) within
+    ``max_chars`` code points (``> 0``); ``marked``: the chunk text with matches wrapped in
+    :data:`MARK_OPEN` / :data:`MARK_CLOSE`, or none. A single line longer than the budget is
+    cut around its first mark (the only case where a line is not whole)."""
     budget = max(1, max_chars)
     whole = _strip_marks(marked)
     if len(whole) <= budget:

@@ -43,15 +43,8 @@ def substring_score(text: str, tokens: Sequence[str]) -> float:
 
 def rank_substring_hits(store: SearchStore, text: str, srcs: list[str], limit: int) -> list[Candidate]:
     """At most ``limit`` keyword hits for ``text`` in ``srcs`` without FTS5 (see the module
-    docstring; blocking).
-
-    Returns:
-        Candidates with ``score == text_score`` in ``(0, 1)`` and ``bm25 = None``, ordered by
-        score, then path and start line; ``[]`` for a query without tokens.
-
-    Raises:
-        IndexStoreError: the store cannot be read.
-    """
+    docstring; blocking): ``score == text_score`` in ``(0, 1)``, ``bm25 = None``, by score,
+    then path and start line; ``[]`` for a query without tokens. Raises ``IndexStoreError``."""
     tokens = list(dict.fromkeys(t.lower() for t in word_runs(text)))
     if not tokens or not srcs or limit <= 0:
         return []

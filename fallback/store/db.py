@@ -82,14 +82,13 @@ class Store(MetaReads):
         fts_tokenizer: ``unicode61`` or ``trigram``, for a new FTS table only.
         busy_timeout_ms: how long a statement waits for another connection's lock, in ms.
         busy_retry_attempts: calls of a busy statement before ``IndexStoreLockedError`` (>= 1).
-        writer_lock: the inter-process writer lock (default a new
-            :class:`~fallback.store.lock.StoreWriteLock`; a rebuild's store shares the live one's).
+        writer_lock: the inter-process writer lock (default a new ``StoreWriteLock``; a
+            rebuild's store shares the live one's).
         swap_wait_ms: how long opening waits for another process's swap, in ms.
         scratch: a rebuild's temporary database: ``synchronous=OFF``.
 
-    Raises:
-        IndexStoreError: a typed subclass when the file is damaged, cannot be written or
-            stayed locked; or it cannot be opened, or another process's swap did not finish.
+    Raises ``IndexStoreError`` (typed: damaged, read-only, locked), also when another
+    process's swap did not finish.
     """
 
     def __init__(self, path: Path, *, fts_tokenizer: str = "unicode61",
@@ -256,12 +255,7 @@ class Store(MetaReads):
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One ``BEGIN IMMEDIATE`` transaction (retried while busy): commit on success, roll
-        back on any error.
-
-        Raises:
-            IndexStoreLockedError: the write lock stayed held past all retries.
-            IndexStoreError: on any other SQLite error (typed, see ``fallback/store/errors.py``).
-        """
+        back on any error. Raises ``IndexStoreError`` (typed; locked past all retries)."""
         with self.locked() as conn:
             self._retry(lambda: self._begin(conn))
             try:
@@ -289,11 +283,9 @@ class Store(MetaReads):
             conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """Run one read statement on the reader and return all rows (bound parameters only);
-        it sees the last commit and waits only while a rename swap reopens the files.
-
-        Raises ``IndexStoreError``: on any SQLite error (typed), or ``index store is closed``.
-        """
+        """All rows of one read statement on the reader (bound parameters only): it sees the
+        last commit and waits only while a rename swap reopens the files. Raises
+        ``IndexStoreError`` (typed), or ``index store is closed``."""
         def run(reader: sqlite3.Connection) -> list[tuple[Any, ...]]:
             return self._retry(lambda: reader.execute(sql, tuple(params)).fetchall())
 
@@ -317,10 +309,7 @@ class Store(MetaReads):
 
     def attach_copy_cache(self, other: Path) -> int:
         """Copy every ``embedding_cache`` row of the store at ``other`` (attached read-only)
-        into this one; returns the number of rows now cached (spec §4.5 step 2).
-
-        Raises ``IndexStoreError``: on any SQLite error.
-        """
+        into this one; returns the rows now cached (spec §4.5 step 2). Raises ``IndexStoreError``."""
         uri = f"{Path(other).resolve().as_uri()}?mode=ro"
         with self.locked() as conn:
             self._retry(lambda: conn.execute("ATTACH DATABASE ? AS seed", (uri,)))
@@ -337,15 +326,11 @@ class Store(MetaReads):
             return int(conn.execute("SELECT COUNT(*) FROM embedding_cache").fetchone()[0])
 
     def swap_from(self, temp_path: Path) -> None:
-        """Publish the finished, closed rebuild at ``temp_path`` as this store's content, by
-        the online backup API, or by renaming files where the live file cannot take a backup
-        (closed, not a database, other page size). The temp files are deleted in every case.
-        Call under the writer lock.
-
-        Raises:
-            IndexStoreError: publishing failed (the previous index stays in place) or the new
-                file cannot be opened.
-        """
+        """Publish the finished, closed rebuild at ``temp_path`` as this store's content (under
+        the writer lock), by the online backup API, or by renaming files where the live file
+        cannot take a backup (closed, not a database, other page size); the temp files are
+        deleted in every case. Raises ``IndexStoreError``: the previous index stays in place,
+        or the new file cannot be opened."""
         with self._lock:
             try:
                 with translate_errors(temp_path):
@@ -406,9 +391,7 @@ class Store(MetaReads):
 
     def reopen_if_replaced(self) -> bool:
         """Reopen when :meth:`is_replaced` (checked without a lock); True when it reopened.
-
-        Raises ``IndexStoreError``: the new file cannot be opened (see :class:`Store`).
-        """
+        Raises ``IndexStoreError``: the new file cannot be opened."""
         if not self.is_replaced():
             return False
         with self._lock:
@@ -420,11 +403,8 @@ class Store(MetaReads):
 
     def recover_leftovers(self) -> list[str]:
         """Repair leftovers of a killed rebuild or swap under the held :attr:`writer_lock`,
-        then reopen if the file changed; returns the actions of
-        :func:`~fallback.store.files.recover_db_files`.
-
-        Raises ``IndexStoreError``: the writer lock is not held, or the files cannot be repaired.
-        """
+        then reopen if the file changed; returns ``recover_db_files``'s actions. Raises
+        ``IndexStoreError``: the writer lock is not held, or the files cannot be repaired."""
         if not self.writer_lock.held:
             raise IndexStoreError("recovering index files needs the writer lock",
                                   db_path=str(self.path))

@@ -95,24 +95,21 @@ _GENERIC = (IndexStoreError, "error")
 
 
 def result_code(exc: BaseException) -> int | None:
-    """The SQLite extended result code of a ``sqlite3`` exception (``sqlite_errorcode``), or
-    None when it carries none (or a negative one)."""
+    """The SQLite extended result code of a ``sqlite3`` exception, or None (none, negative)."""
     code = getattr(exc, "sqlite_errorcode", None)
     return code if isinstance(code, int) and code >= 0 else None
 
 
 def code_kind(code: int | None) -> tuple[type[IndexStoreError], str]:
-    """``(error class, condition)`` for an extended or primary result code: the
-    :data:`ERROR_TABLE` entry of the code, else of its primary code, else
-    ``(IndexStoreError, "error")``."""
+    """``(error class, condition)`` of an extended or primary result code (:data:`ERROR_TABLE`),
+    else ``(IndexStoreError, "error")``."""
     if code is None:
         return _GENERIC
     return ERROR_TABLE.get(code) or ERROR_TABLE.get(code & 0xFF) or _GENERIC
 
 
 def error_kind(exc: BaseException) -> tuple[type[IndexStoreError], str]:
-    """``(error class, condition)`` for a SQLite exception: :func:`code_kind` of its
-    :func:`result_code`."""
+    """:func:`code_kind` of a SQLite exception's :func:`result_code`."""
     return code_kind(result_code(exc))
 
 
@@ -122,9 +119,8 @@ def is_locked(exc: BaseException) -> bool:
 
 
 def store_error(exc: BaseException, db_path: Path | str | None) -> IndexStoreError:
-    """The typed error for a ``sqlite3`` exception (the caller raises it ``from exc``):
-    the class :func:`error_kind` picks, message ``index store <condition>: <SQLite's text>``,
-    ``db_path`` kept on it (None: not named)."""
+    """The typed error (:func:`error_kind`) of a ``sqlite3`` exception, to raise ``from exc``:
+    ``index store <condition>: <SQLite's text>``, ``db_path`` kept on it (None: not named)."""
     cls, condition = error_kind(exc)
     text = str(exc) or type(exc).__name__
     return cls(f"index store {condition}: {text}", db_path=str(db_path) if db_path else None)
@@ -132,11 +128,8 @@ def store_error(exc: BaseException, db_path: Path | str | None) -> IndexStoreErr
 
 @contextlib.contextmanager
 def translate_errors(db_path: Path | str | None) -> Iterator[None]:
-    """Re-raise any ``sqlite3`` exception inside the block as :func:`store_error`
-    (chained); other exceptions pass through.
-
-    Raises ``IndexStoreError``: a subclass by result code.
-    """
+    """Re-raise any ``sqlite3`` exception inside the block as :func:`store_error` (chained);
+    other exceptions pass through."""
     try:
         yield
     except Exception as exc:
@@ -151,11 +144,7 @@ _T = TypeVar("_T")
 def retry_locked(fn: Callable[[], _T], *, attempts: int, on_retry: Callable[[], None]) -> _T:
     """Call ``fn``; retry it while it raises a locked error (:func:`is_locked`), at most
     ``attempts`` calls in all, each retry after ``on_retry()`` and a random exponential
-    backoff (up to 20 ms doubling, at most 250 ms).
-
-    Raises:
-        whatever ``fn`` raised last (a locked error once the attempts are spent).
-    """
+    backoff (up to 20 ms doubling, at most 250 ms); raises what ``fn`` raised last."""
     attempt = 1
     while True:
         try:

@@ -37,14 +37,11 @@ def check_writable(db_path: Path) -> None:
     """Refuse a store whose files this process may not write (SQLite would open them
     read-only without a word): the main file, ``-wal``, ``-shm`` and the writer lock
     ``<db>.lock`` (or, while there is none, its folder), asked with ``faccessat`` and the
-    effective ids. The files are never opened: closing a descriptor drops this process's
-    POSIX locks on the file, its own WAL read locks included.
+    effective ids, never opened (closing a descriptor drops this process's POSIX locks).
 
-    Raises:
-        IndexStoreReadOnlyError: ``index store is read-only (the file cannot be written):
-            Permission denied (<db>)`` (``(its -wal cannot be written)`` ..., ``(its writer lock
-            <db>.lock cannot be written)``, ``... cannot be created)``; ``Read-only file system``
-            on a read-only mount).
+    Raises ``IndexStoreReadOnlyError``: ``index store is read-only (the file cannot be
+    written): Permission denied (<db>)`` (``its -wal``, ``its writer lock <db>.lock``, ``...
+    cannot be created``; ``Read-only file system`` on a read-only mount).
     """
     effective = os.access in os.supports_effective_ids
     lock = f"{db_path}{_LOCK_SUFFIX}"
@@ -107,12 +104,8 @@ def swap_db_files(temp_path: Path, db_path: Path) -> None:
     """Publish the closed database at ``temp_path`` (no write-ahead log) as ``db_path`` by
     renaming files, under the writer lock: the live trio is parked as ``<db>.backup-<uuid>``
     (main file first), the temp file renamed onto ``<db>``, then the backup deleted; a failed
-    rename puts the backup back and deletes the temp trio.
-
-    Raises:
-        IndexStoreError: the temp database still has a write-ahead log, or the files cannot
-            be renamed (the live database is restored and the temp trio deleted).
-    """
+    rename puts the backup back and deletes the temp trio. Raises ``IndexStoreError``: the
+    temp database still has a write-ahead log, or the files cannot be renamed."""
     if _has_wal_frames(temp_path):
         raise IndexStoreError(f"could not swap in the rebuilt index: {temp_path.name} still has"
                               " a write-ahead log (checkpoint and close it first)",
@@ -184,11 +177,8 @@ def recover_db_files(db_path: Path) -> list[str]:
     """Repair what a killed rebuild or swap left next to ``db_path``; call under the writer lock.
     Temp trios are deleted; with ``<db>`` missing the newest backup is restored (companions
     first; a ``-wal`` at the live name is kept unless the backup has its own), or, with none,
-    stray companions are deleted; with ``<db>`` present backups are deleted.
-
-    Returns:
-        One line per action, e.g. ``removed temp main.sqlite.tmp-ab12``,
-        ``restored main.sqlite.backup-cd34``; empty when there was nothing to do.
+    stray companions are deleted; with ``<db>`` present backups are deleted. Returns one line
+    per action (``removed temp main.sqlite.tmp-ab12``, ``restored main.sqlite.backup-cd34``).
 
     Raises ``IndexStoreError``: a file cannot be renamed or deleted.
     """
@@ -254,9 +244,8 @@ def quarantine_corrupt_store(db_path: Path, opener: Callable[[], Any]) -> str | 
     :class:`IndexStoreCorruptError`; keeps :data:`CORRUPT_BACKUPS_KEPT` of them. Returns the
     new name of the main file, or ``None`` when nothing moved.
 
-    Raises:
-        IndexStoreError: the writer lock could not be taken in time, or ``opener`` failed for
-            another reason than corruption (a locked or read-only store is never moved aside).
+    Raises ``IndexStoreError``: the writer lock was not taken in time, or ``opener`` failed
+    otherwise (a locked or read-only store is never moved aside).
     """
     import time as _time
 

@@ -1,21 +1,12 @@
 """The one writer of full-text rows: every ``chunks_fts`` / ``chunks_trigram`` row goes through here.
 
-Shape (migration ``m007_fts_title_terms``): ``chunks_fts(text, title, terms)``, rowid = the
-chunk's ``chunks.rowid``:
-
-- ``text``: the chunk text;
-- ``title``: the file's path, its first Markdown heading and their derived terms
-  (:func:`fallback.text.terms.title_text`), the same on every chunk of the file, so a query naming
-  a note (``2023-05-08``, ``May 8 2023``, ``standup``) finds it;
-- ``terms``: terms derived from the chunk text (:func:`fallback.text.terms.derived_terms`:
-  compound joins such as ``wifi`` for ``Wi-Fi``, canonical dates such as ``20230508``).
-
-Tokenizer: :data:`WORD_TOKENIZE` (English stemming over Unicode words), or
-:data:`TRIGRAM_TOKENIZE` when the store was configured with ``store.fts.tokenizer = "trigram"``.
-``chunks_trigram(text)`` holds only chunks with CJK text (CJK substring search, see
-``fallback/search/fts.py``) and is not filled at all on a trigram store.
-
-Callers run these functions inside their own transaction; nothing here commits.
+``chunks_fts(text, title, terms)`` (migration ``m007``), rowid = ``chunks.rowid``: the chunk
+text; the file's path, first Markdown heading and their derived terms
+(:func:`fallback.text.terms.title_text`, the same on every chunk of the file); the terms derived
+from the chunk text (:func:`fallback.text.terms.derived_terms`: ``wifi`` for ``Wi-Fi``,
+``20230508``). Tokenizer :data:`WORD_TOKENIZE`, or :data:`TRIGRAM_TOKENIZE` on a
+``store.fts.tokenizer = "trigram"`` store, where ``chunks_trigram`` (the chunks searched as
+substrings, ``fallback/search/fts.py``) is not filled. Nothing here commits.
 """
 
 from __future__ import annotations
@@ -53,12 +44,8 @@ AUTOMERGE_SEGMENTS = 8
 
 
 def create_fts_table(conn: sqlite3.Connection, tokenizer: str) -> None:
-    """Create ``chunks_fts`` for a configured tokenizer name and set its merge policy.
-
-    Args:
-        conn: a connection inside the caller's write transaction.
-        tokenizer: ``unicode61`` (stored as ``porter unicode61``) or ``trigram``.
-    """
+    """Create ``chunks_fts`` for a configured ``tokenizer`` (``unicode61``, stored as ``porter
+    unicode61``, or ``trigram``) and set its merge policy, in the caller's transaction."""
     tokenize = TRIGRAM_TOKENIZE if tokenizer == "trigram" else WORD_TOKENIZE
     conn.execute(f"CREATE VIRTUAL TABLE chunks_fts USING fts5({', '.join(FTS_COLUMNS)},"
                  f" tokenize='{tokenize}')")
@@ -74,21 +61,9 @@ MERGE_MAX_CHUNKS = 250
 
 def merge_segments(conn: sqlite3.Connection, *, whole: bool) -> bool:
     """Merge ``chunks_fts`` and ``chunks_trigram`` into one b-tree segment each (FTS5
-    ``optimize``) after a sync that wrote rows.
-
-    Each file's commit leaves a segment, and every term of a search is looked up in each
-    segment; merged, every query reads one b-tree per table (the rows, their order and
-    ``bm25()`` are unchanged).
-
-    Args:
-        conn: a connection inside the caller's write transaction.
-        whole: the sync wrote the whole index (a first index, a rebuild): merged at any size,
-            the rewrite costs a small share of that work; else only a store of at most
-            :data:`MERGE_MAX_CHUNKS` chunks is merged.
-
-    Returns:
-        Whether the tables were merged (``False`` also for a store without FTS5 tables).
-    """
+    ``optimize``; rows, order and ``bm25()`` unchanged) after a sync that wrote rows, in the
+    caller's transaction: at any size when it wrote the ``whole`` index, else only a store of at
+    most :data:`MERGE_MAX_CHUNKS` chunks. Returns whether they were merged (never without FTS5)."""
     tables = [r[0] for r in conn.execute(
         "SELECT name FROM sqlite_master WHERE name IN ('chunks_fts', 'chunks_trigram')")]
     if not tables or not whole and conn.execute(
@@ -107,15 +82,9 @@ def note_title(path: str, text: str) -> str:
 
 def insert_chunk_fts(conn: sqlite3.Connection, rows: Iterable[tuple[int, str]], *, title: str,
                      fill_trigram: bool) -> None:
-    """Write the full-text rows of freshly inserted chunks of one file.
-
-    Args:
-        conn: a connection inside the caller's write transaction.
-        rows: ``(chunk rowid, chunk text)`` pairs.
-        title: the file's :func:`note_title`.
-        fill_trigram: also write their :func:`insert_chunk_trigram` rows (unicode61 stores; a
-            trigram store's main table already matches substrings).
-    """
+    """Write the full-text rows of freshly inserted chunks of one file (``(rowid, text)``
+    pairs; ``title``: the file's :func:`note_title`) in the caller's transaction, and with
+    ``fill_trigram`` (unicode61 stores) their :func:`insert_chunk_trigram` rows."""
     rows = list(rows)
     conn.executemany("INSERT INTO chunks_fts(rowid, text, title, terms) VALUES (?, ?, ?, ?)",
                      [(rowid, text, title, derived_terms(text)) for rowid, text in rows])
@@ -124,25 +93,16 @@ def insert_chunk_fts(conn: sqlite3.Connection, rows: Iterable[tuple[int, str]], 
 
 
 def insert_chunk_trigram(conn: sqlite3.Connection, rows: Iterable[tuple[int, str]]) -> None:
-    """Write the ``chunks_trigram`` rows of the chunks whose text is searched as substrings
-    (:func:`~fallback.text.scripts.contains_unspaced`: CJK, Thai, Lao, Khmer, Myanmar).
-
-    Args:
-        conn: a connection inside the caller's write transaction.
-        rows: ``(chunk rowid, chunk text)`` pairs, none with a ``chunks_trigram`` row yet.
-    """
+    """Write the ``chunks_trigram`` rows of those ``(rowid, text)`` pairs (none with a row yet)
+    whose text is searched as substrings (:func:`~fallback.text.scripts.contains_unspaced`: CJK,
+    Thai, Lao, Khmer, Myanmar), in the caller's transaction."""
     conn.executemany("INSERT INTO chunks_trigram(rowid, text) VALUES (?, ?)",
                      [(rowid, text) for rowid, text in rows if contains_unspaced(text)])
 
 
 def delete_file_fts(conn: sqlite3.Connection, path: str, source: str) -> None:
-    """Delete the full-text rows of one file's chunks (call before deleting the chunks).
-
-    Args:
-        conn: a connection inside the caller's write transaction.
-        path: workspace-relative path.
-        source: ``memory`` or ``sessions``.
-    """
+    """Delete the full-text rows of the chunks of the file at workspace-relative ``path`` of
+    ``source``, in the caller's transaction, before the chunks are deleted."""
     has_fts = conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name IN"
                            " ('chunks_fts', 'chunks_trigram')").fetchone()[0]
     if not has_fts:

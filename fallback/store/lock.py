@@ -23,17 +23,9 @@ def lock_path_for(db_path: Path) -> Path:
 
 
 class StoreWriteLock(PidFileLock):
-    """The writer lock of one store: a :class:`~fallback.fs.lock.PidFileLock` on ``<db>.lock``
-    whose errors are ``IndexStoreError`` carrying the store path.
-
-    Args:
-        db_path: the store's SQLite file.
-        timeout_ms: default budget of ``acquire`` / ``acquire_blocking``, in ms (>= 0).
-
-    Raises (from the acquiring methods):
-        IndexStoreError: ``another process (pid N) is writing the index; waiting for the writer
-            lock <db>.lock timed out after N ms``; :meth:`open_error`.
-    """
+    """The writer lock of the store ``db_path``: a :class:`~fallback.fs.lock.PidFileLock` on
+    ``<db>.lock`` (``timeout_ms``: default wait of the acquiring methods, >= 0) whose errors are
+    ``IndexStoreError`` carrying the store path (:meth:`timeout_error`, :meth:`open_error`)."""
 
     def __init__(self, db_path: Path, *, timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> None:
         self.db_path = Path(db_path)

@@ -21,15 +21,10 @@ from collections.abc import Callable
 
 from fallback.store.fts_rows import create_fts_table, insert_chunk_fts, insert_chunk_trigram, note_title
 
-__all__ = ["META_KEY", "MIGRATIONS", "in_memory_store", "fts_tokenize_clause"]
+__all__ = ["META_KEY", "MIGRATIONS", "in_memory_store"]
 
 # Meta key of the index identity JSON (spec §4.2, E1/E2 name).
 META_KEY = "memory_index_meta_v1"
-
-
-def fts_tokenize_clause(tokenizer: str) -> str:
-    """The FTS5 ``tokenize=`` value of ``m002`` for ``trigram``, else ``unicode61``."""
-    return "trigram case_sensitive 0" if tokenizer == "trigram" else "unicode61"
 
 
 def m001_core(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
@@ -63,7 +58,7 @@ def m001_core(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
 def m002_fts(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
     """Create ``chunks_fts`` (configured tokenizer) and ``chunks_trigram`` (CJK substrings);
     a SQLite without FTS5 records its error in ``meta.fts_error``."""
-    tokenize = fts_tokenize_clause(fts_tokenizer)
+    tokenize = "trigram case_sensitive 0" if fts_tokenizer == "trigram" else "unicode61"
     try:
         conn.execute(
             "CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5("
@@ -210,15 +205,9 @@ def _schema_image(fts_tokenizer: str) -> bytes:
 
 
 def in_memory_store(*, fts_tokenizer: str) -> sqlite3.Connection:
-    """A new in-memory database with the store's latest schema (no version recorded), for a
-    throw-away index the keyword search reads as a store.
-
-    Args:
-        fts_tokenizer: ``unicode61`` or ``trigram``.
-
-    Returns:
-        A connection usable from any thread (``check_same_thread=False``); the caller closes it.
-    """
+    """A new in-memory database with the store's latest schema for ``fts_tokenizer``
+    (``unicode61`` or ``trigram``; no version recorded), for a throw-away index searched as a
+    store; usable from any thread, the caller closes it."""
     conn = sqlite3.connect(":memory:", check_same_thread=False)
     if hasattr(conn, "deserialize"):  # a copy of the schema made once (running it costs ms)
         conn.deserialize(_schema_image(fts_tokenizer))

@@ -25,8 +25,8 @@ from fallback.store.errors import (
 )
 from fallback.store.seam import COLUMN_WEIGHTS, KeywordRow, row_order
 
-__all__ = ["BUSY_TIMEOUT_MS", "IMMUTABLE_QUERY", "MetaReads", "ReadOnlyStore",
-           "connect_read_only", "is_immutable"]
+__all__ = ["BUSY_TIMEOUT_MS", "IMMUTABLE_QUERY", "MetaReads", "ReadOnlyConnection", "ReadOnlyStore",
+           "connect_read_only"]
 
 _BM25 = f"bm25(chunks_fts, {', '.join(str(w) for w in COLUMN_WEIGHTS)})"
 # FTS5 ranks at most max(limit x INNER_OVERSAMPLE, MIN_INNER_ROWS) rows before they are joined
@@ -53,43 +53,31 @@ def _cannot_write(exc: sqlite3.Error) -> bool:
 IMMUTABLE_QUERY = "mode=ro&immutable=1"
 
 
-def is_immutable(conn: sqlite3.Connection) -> bool:
-    """Whether :func:`connect_read_only` opened ``conn`` as an immutable file, which never
-    sees a later commit."""
-    return bool(getattr(conn, "immutable", False))
-
-
-class _Connection(sqlite3.Connection):
-    """A ``sqlite3`` connection that remembers whether it was opened immutable."""
+class ReadOnlyConnection(sqlite3.Connection):
+    """A ``sqlite3`` connection that says whether it was opened ``immutable`` (it then never
+    sees a later commit)."""
 
     immutable = False
 
 
 def connect_read_only(path: Path, *, modes: Sequence[str] = ("rw", "ro"),
-                      check_same_thread: bool = True) -> sqlite3.Connection:
+                      check_same_thread: bool = True) -> ReadOnlyConnection:
     """A connection that only reads the existing store at ``path``, also where this process may
-    not write its folder: each of ``modes`` in turn (``rw`` with ``PRAGMA query_only``), moving
-    on only when SQLite cannot write, then ``mode=ro&immutable=1`` when no ``-wal`` with frames
-    lies beside the store (:func:`is_immutable`).
+    not write its folder: each of ``modes`` (``rw`` with ``PRAGMA query_only``, ``ro``) in turn,
+    moving on only when SQLite cannot write, then ``mode=ro&immutable=1`` when no ``-wal`` with
+    frames lies beside the store.
 
-    Args:
-        path: an existing store file.
-        modes: the URI modes to try first, in order (``rw`` and/or ``ro``).
-        check_same_thread: passed to ``sqlite3.connect``.
-
-    Raises:
-        IndexStoreError: typed (``fallback/store/errors.py``); the last failure when no way
-            to open the file for reading works.
+    Raises ``IndexStoreError`` (typed): the last failure when no way to read the file works.
     """
     base = path.resolve().as_uri()
     wal = Path(f"{path}-wal")
     frames = wal.exists() and wal.stat().st_size > 0
     uris = [f"{base}?mode={m}" for m in modes] + ([] if frames else [f"{base}?{IMMUTABLE_QUERY}"])
 
-    def probe(uri: str) -> sqlite3.Connection:
+    def probe(uri: str) -> ReadOnlyConnection:
         conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000,
                                isolation_level=None, check_same_thread=check_same_thread,
-                               factory=_Connection)
+                               factory=ReadOnlyConnection)
         conn.immutable = uri.endswith(IMMUTABLE_QUERY)
         try:
             if "mode=rw" in uri:
@@ -178,12 +166,9 @@ class MetaReads:
         return known[2] if known is not None and known[0] is getattr(self, "_conn", None) else math.inf
 
     def part_counts(self, exprs: Sequence[str]) -> tuple[int, list[int]]:
-        """``(chunks, [chunks matching each FTS5 MATCH expression])`` in one statement.
-
-        The counts are kept per open connection until a commit of another connection changes
-        the store (SQLite's ``data_version``, read in the same statement): only expressions not
-        counted since are counted.
-        """
+        """``(chunks, [chunks matching each FTS5 MATCH expression])`` in one statement; the
+        counts are kept per open connection until another connection's commit changes
+        ``data_version`` (read in the same statement), so only new expressions are counted."""
         conn = getattr(self, "_conn", None)
         wanted = list(dict.fromkeys(exprs))
         known = self._part_counts
@@ -212,10 +197,7 @@ class MetaReads:
                      fallback_like_patterns: Sequence[str] = ()) -> list[KeywordRow]:
         """The best ``limit`` rows of a keyword plan (``SearchStore.keyword_rows``), ranked by
         ``bm25()`` with :data:`COLUMN_WEIGHTS`; when ``MATCH`` itself fails, a LIKE scan of
-        ``fallback_like_patterns`` with rank 0 (spec §8.2).
-
-        Raises ``IndexStoreError``: on any other SQLite failure.
-        """
+        ``fallback_like_patterns`` with rank 0 (spec §8.2). Raises ``IndexStoreError``."""
         if limit <= 0 or not sources:
             return []
         try:
@@ -364,10 +346,7 @@ class ReadOnlyStore(MetaReads):
     @classmethod
     def open(cls, path: Path) -> ReadOnlyStore | None:
         """Open the store at ``path`` (:func:`connect_read_only`); ``None`` when there is no
-        such file (it is never created).
-
-        Raises ``IndexStoreError``: the file cannot be opened as a SQLite database.
-        """
+        such file (it is never created). Raises ``IndexStoreError``."""
         if not path.is_file():
             return None
         return cls(path, connect_read_only(path))

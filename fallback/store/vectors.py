@@ -17,7 +17,7 @@ from typing import Any
 from fallback.errors import IndexStoreError, ManagerClosedError
 from fallback.store.errors import translate_errors
 from fallback.store.files import file_id
-from fallback.store.readonly import connect_read_only, is_immutable
+from fallback.store.readonly import ReadOnlyConnection, connect_read_only
 
 __all__ = ["MATRIX_MAX_BYTES", "VectorIndex", "VectorSearch", "probe_sqlite_vec", "unit_windows"]
 
@@ -127,12 +127,10 @@ class VectorIndex:
     never compared.
 
     Args:
-        db_path: the store file (WAL mode); it may not exist yet (searches return ``[]``).
-        enabled: ``store.vector.enabled``.
-        extension_path: ``store.vector.extensionPath``; default is the ``sqlite_vec`` package's
-            loadable.
-        matrix_max_bytes: memory budget of the window matrix in bytes (default
-            :data:`MATRIX_MAX_BYTES`).
+        db_path: the store file (WAL mode); it may not exist yet (searches find nothing).
+        enabled / extension_path: ``store.vector.enabled`` / ``extensionPath`` (default: the
+            ``sqlite_vec`` package's loadable).
+        matrix_max_bytes: memory budget of the window matrix in bytes.
     """
 
     def __init__(self, db_path: Path, *, enabled: bool = True, extension_path: str | None = None,
@@ -143,7 +141,7 @@ class VectorIndex:
         self._matrix_max_bytes = matrix_max_bytes
         self._lock = threading.RLock()
         self._closed = False
-        self._conn: sqlite3.Connection | None = None
+        self._conn: ReadOnlyConnection | None = None
         self._file_id: tuple[int, int] | None = None
         self._last_query_mode: str | None = None
         self._dims: int | None = None
@@ -175,7 +173,7 @@ class VectorIndex:
         self._sql_only = False
         self._matrices.clear()
 
-    def _connect(self) -> sqlite3.Connection | None:
+    def _connect(self) -> ReadOnlyConnection | None:
         """The connection to the current store file (reopened after a swap, and for every
         search while it is an immutable read); None when the file does not exist."""
         current = file_id(self._db_path)
@@ -183,7 +181,7 @@ class VectorIndex:
             self._drop_connection()
             return None
         if self._conn is not None and current == self._file_id:
-            if not is_immutable(self._conn):
+            if not self._conn.immutable:
                 return self._conn
             # an immutable read never sees a later commit: reopen, keeping the vectors held
             with contextlib.suppress(sqlite3.Error):
@@ -205,16 +203,12 @@ class VectorIndex:
 
     def search_scored(self, query: list[float], *, model: str, sources: list[str],
                       limit: int) -> VectorSearch:
-        """The chunks of ``model`` and ``sources`` whose best window is most similar to
-        ``query`` (any norm; chunks of its length only), best first.
+        """A :class:`VectorSearch` of at most ``limit`` chunks of ``model`` and ``sources`` whose
+        best window is most similar to ``query`` (any norm; chunks of its length only), best
+        first; none when disabled, without a store file or sources, or for an empty, zero or
+        non-finite query.
 
-        Returns:
-            A :class:`VectorSearch` of at most ``limit`` hits; none when disabled, the store
-            does not exist, ``sources`` is empty, or the query is empty, zero or non-finite.
-
-        Raises:
-            ManagerClosedError: after :meth:`close`.
-            IndexStoreError: the store cannot be opened or read.
+        Raises ``ManagerClosedError`` after :meth:`close`; ``IndexStoreError``.
         """
         import numpy as np
 

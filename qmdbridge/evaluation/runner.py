@@ -18,7 +18,7 @@ import anyio
 
 from fallback.errors import UsageError
 from fallback.models import SearchResponse
-from fallback.request import check_limits
+from fallback.request import SearchRequest, check_limits
 from fallback.settings import EngineSettings, MemorySearchSettings, ProviderName
 from qmdbridge.config import OpenClawConfig, QmdConfig, ResolvedAgent, resolve_agent
 from qmdbridge.evaluation.locomo import CATEGORY_NAMES, load_locomo, locomo_files, write_workspace
@@ -270,8 +270,9 @@ def _report(dataset: Literal["locomo", "queries"], inputs: list[str], runs: list
     max_results, min_score = options.max_results, options.min_score
     if options.backend == "qmd":  # what the qmd backend applies
         max_results, min_score = search_limits(agent.memory.qmd.limits.max_results, max_results, min_score)
-    elif min_score is None:
-        min_score = agent.memory_search.query.min_score
+    else:  # as the builtin's requests take them
+        q = agent.memory_search.query
+        max_results, min_score = SearchRequest("", max_results, min_score).limits(q.max_results, q.min_score)
     return EvalReport(
         dataset=dataset, inputs=inputs, backend=options.backend,
         provider=first.provider if first else None, model=first.model if first else None,

@@ -74,12 +74,18 @@ async def _exercise(session: ClientSession) -> None:
     spawned = await session.call_tool("memory_search", {
         "query": "Kestrel migration", "sessionKey": "agent:main:subagent:7f3c", "sessionKeys": ["agent:main:main"]})
     assert (spawned.structuredContent or {})["results"][0]["path"] == "memory/2026-01-05.md"
-    bad = await session.call_tool("memory_search", {"query": "x", "maxResults": "six"})
-    assert bad.isError is True and "Input validation error" in bad.content[0].text  # type: ignore[union-attr]
-    # what the schema refuses never reaches the handler (docs/mcp-daemon.md says so)
-    low = await session.call_tool("memory_search", {"query": "x", "maxResults": 0})
-    assert (low.isError, low.structuredContent, [c.text for c in low.content]) == (  # type: ignore[union-attr]
-        True, None, ["Input validation error: 0 is less than the minimum of 1"])
+    # what the schema refuses is refused in serve's words, as a disabled answer
+    for args, error in (({"maxResults": "six"}, "maxResults must be an integer, not 'six'"),
+                        ({"maxResults": 0}, "max results must be between 1 and 2147483647"),
+                        ({"max_results": 3}, "unknown parameter 'max_results' (memory_search takes "
+                                             "query, maxResults, minScore, corpus)"),
+                        ({"sessionKey": 5}, "session key must be a string")):
+        bad = await session.call_tool("memory_search", {"query": "x", **args})
+        assert (bad.isError, bad.structuredContent) == (True, {"results": [], "disabled": True, "error": error})
+        assert orjson.loads(bad.content[0].text) == bad.structuredContent  # type: ignore[union-attr]
+    low = await session.call_tool("memory_get", {"path": "MEMORY.md", "from": 0})
+    assert low.structuredContent == {"path": "MEMORY.md", "text": "", "disabled": True,
+                                     "error": "from must be between 1 and 2147483647", "refused": False}
 
     status = await session.call_tool("status", {})
     assert (status.structuredContent or {})["files"] == 2

@@ -197,6 +197,21 @@ def test_a_token_file_that_is_not_text_is_a_config_error(setup: tuple[Path, dict
         "16 characters (delete the file to make a new one))")
 
 
+@pytest.mark.parametrize("command", ["serve", "mcp"])
+def test_a_workspace_that_is_no_folder_fails_the_start_in_every_commands_words(
+        tmp_path: Path, command: str) -> None:
+    """A file, or nothing, where the workspace should be: exit code 2 and the reason that
+    search, get and status give, where the watcher's start failed with a traceback (exit 1)."""
+    env = cli_env(tmp_path / "state", tmp_path / "home")
+    (tmp_path / "notes.md").write_text("a file\n")
+    for ws, error in ((tmp_path / "notes.md", "workspace is not a directory: {ws} (pass"),
+                      (tmp_path / "gone", "workspace does not exist: {ws} (create it, pass")):
+        p = subprocess.run([*CLI, command, "--workspace", str(ws)], env=env, capture_output=True,
+                           timeout=120, stdin=subprocess.DEVNULL)
+        assert (p.returncode, p.stdout, p.stderr.decode()) == (2, b"", "qmdbridge: " + error.format(ws=ws)
+                                                               + " --workspace or set agents.defaults.workspace)\n")
+
+
 def test_servers_starting_together_agree_on_one_token(tmp_path: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 

@@ -9,6 +9,7 @@ warning, elsewhere it is ignored; a bad file or value raises
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import os
@@ -17,7 +18,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.functional_validators import AfterValidator
 
 from fallback.errors import ConfigError, UsageError
@@ -115,7 +124,24 @@ class QmdLimits(SettingsModel):
     timeout_ms: int = Field(default=4000, gt=0)
 
 
-class ScopeMatch(SettingsModel):
+class _ScopeModel(SettingsModel):
+    """A scope rule or its match: a key it does not read is a bad value, never ignored (a rule
+    without its misspelt ``chatType`` or ``match`` would apply to every session)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys_only(cls, data: Any) -> Any:
+        keys = [f.alias or name for name, f in cls.model_fields.items()]
+        for key in data if isinstance(data, dict) else ():
+            if key not in keys and key not in cls.model_fields:
+                close = difflib.get_close_matches(str(key), keys, n=1)
+                raise ValueError(f"only the keys {', '.join(keys)}, not {key!r}"
+                                 + (f" (did you mean {close[0]}?)" if close else "")
+                                 + ": the rule would apply to more sessions without it")
+        return data
+
+
+class ScopeMatch(_ScopeModel):
     """``scope.rules[].match``: every given field must match."""
 
     channel: str | None = None
@@ -124,7 +150,7 @@ class ScopeMatch(SettingsModel):
     raw_key_prefix: str | None = None
 
 
-class ScopeRule(SettingsModel):
+class ScopeRule(_ScopeModel):
     """One ordered scope rule."""
 
     action: Literal["allow", "deny"]

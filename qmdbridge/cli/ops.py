@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from fallback.errors import BackendUnavailableError
+from fallback.request import require_workspace
 from qmdbridge.cli.common import EXIT_FAILURE, EXIT_OK, emit_json
 from qmdbridge.paths import qmd_home
 from qmdbridge.problems import CI_REFUSAL
@@ -53,6 +54,7 @@ async def _backend(agent: Any) -> Any:
 
 async def qmd_action(agent: Any, args: argparse.Namespace) -> int:
     """``qmdbridge qmd update|embed|collections``: run one sidecar operation for the agent."""
+    require_workspace(agent.workspace_dir)  # the qmd start-up would create a mistyped one
     backend = await _backend(agent)
     try:
         await backend.start(boot_update=False)

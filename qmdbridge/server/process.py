@@ -15,7 +15,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from qmdbridge.config import ResolvedAgent
-from qmdbridge.manager import BackendName, MemoryManager
+from qmdbridge.manager import BackendName, MemoryManager, require_workspace
 
 __all__ = ["run_until_signal", "stdin_lines"]
 
@@ -62,7 +62,12 @@ async def run_until_signal(agent: ResolvedAgent, *, backend: BackendName | None,
     SIGTERM, SIGINT or SIGHUP arrives, then close it, so every qmd child is reaped. The signal handlers
     come first, so a signal during start-up still closes it; ``<prog>: agent <id>, backend
     <name>, workspace <dir>`` and ``<prog>: stopped`` go to stderr; ``backend``: ``--backend``
-    (``None``: the config's); ``body`` gets the started manager and the task group."""
+    (``None``: the config's); ``body`` gets the started manager and the task group.
+
+    Raises:
+        UsageError: the workspace is missing or not a folder (the words of every command).
+    """
+    require_workspace(agent.workspace_dir)  # the watcher's start would fail inside the task group
     async with MemoryManager(agent, backend=backend, mode="full") as manager:
         async with anyio.create_task_group() as tg:
             async def watch_signals() -> None:

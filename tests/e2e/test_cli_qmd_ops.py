@@ -44,6 +44,17 @@ def test_qmd_collections_lists_name_folder_and_pattern(setup: dict[str, Any]) ->
                                                     f"memory-dir-main\t{ws / 'memory'}\t**/*.md\n")
 
 
+@pytest.mark.parametrize("action", ["collections", "update", "embed"])
+def test_qmd_operations_refuse_a_workspace_that_is_no_folder(setup: dict[str, Any], action: str) -> None:
+    """A mistyped workspace is refused as every command refuses it, and not created: the qmd
+    start-up made the folder (and ``memory/``) and registered collections for it."""
+    typo = setup["ws"].parent / "wsx"
+    p = run_cli_in_process(["qmd", action, "--workspace", str(typo)], setup["env"])
+    assert (p.returncode, p.stderr.decode().splitlines()[-1], typo.exists()) == (
+        2, f"qmdbridge: workspace does not exist: {typo} (create it, pass --workspace or set "
+           "agents.defaults.workspace)", False)
+
+
 def test_warmup_names_the_failed_model_download(setup: dict[str, Any]) -> None:
     """The mirror answers 404 for the embedding model: ``warmup`` stops after the embed step,
     exit 1, naming the URL and the HTTP status (it said ``loading failed``, which sends a

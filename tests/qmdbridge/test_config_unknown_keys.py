@@ -10,6 +10,7 @@ from typing import Any
 import json5
 import pytest
 
+from fallback.errors import ConfigError
 from fallback.settings import MemorySearchSettings
 from qmdbridge import MemoryManager
 from qmdbridge.config import MemoryConfig, load_config, parse_config, resolve_agent
@@ -65,6 +66,29 @@ def test_a_misspelt_key_is_warned_with_the_key_it_resembles() -> None:
     # still read as before: the misspelt keys change nothing
     assert (cfg.memory.backend, cfg.memory.qmd.update.interval_ms) == ("builtin", 300_000)
     assert resolve_agent(cfg, env={}).memory_search.provider == "auto"
+
+
+@pytest.mark.parametrize(("rule", "key", "error"), [
+    ({"action": "allow", "match": {"chattype": "direct"}}, "memory.qmd.scope.rules[0].match",
+     "{'chattype': 'direct'} (expected only the keys channel, chatType, keyPrefix, rawKeyPrefix, "
+     "not 'chattype' (did you mean chatType?)"),
+    ({"action": "allow", "mach": {"chatType": "direct"}}, "memory.qmd.scope.rules[0]",
+     "{'action': 'allow', 'mach': {'chatType': 'direct'}} (expected only the keys action, match, "
+     "not 'mach' (did you mean match?)"),
+])
+def test_a_misspelt_key_of_a_scope_rule_is_a_config_error(tmp_path: Path, rule: dict[str, Any],
+                                                          key: str, error: str) -> None:
+    """Ignored, the misspelt key left a rule matching every session: "allow direct chats"
+    allowed group chats (the reference refuses such a config too)."""
+    config = tmp_path / "openclaw.json"
+    config.write_text(json5.dumps({"memory": {"qmd": {"scope": {"default": "deny", "rules": [rule]}}}}))
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    assert str(info.value) == (f"{config}: {key}: invalid value {error}: the rule would apply to "
+                               "more sessions without it)")
+    rule = {"action": "allow", "match": {"chatType": "direct", "keyPrefix": "discord:"}}
+    config.write_text(json5.dumps({"memory": {"qmd": {"scope": {"default": "deny", "rules": [rule]}}}}))
+    assert load_config(config).memory.qmd.scope.rules[0].match.key_prefix == "discord:"
 
 
 def test_openclaw_keys_we_do_not_read_are_quiet() -> None:

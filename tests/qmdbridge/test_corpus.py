@@ -89,7 +89,8 @@ async def test_mcp_memory_search_and_get_take_corpus(tmp_path: Path) -> None:
                                                           "corpus 'wiki' has nothing to read (use memory or all)",
                                                  "refused": True}
             bad = await session.call_tool("memory_search", {"query": "x", "corpus": "notes"})
-            assert bad.isError is True and "Input validation error" in bad.content[0].text  # type: ignore[union-attr]
+            assert (bad.isError, bad.structuredContent) == (True, {"results": [], "disabled": True, "error": (
+                "corpus must be one of memory, sessions, all, wiki (memory_search), not 'notes'")})
     assert live_children() == []
 
 

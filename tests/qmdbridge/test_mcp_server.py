@@ -74,12 +74,18 @@ async def _exercise(session: ClientSession) -> None:
     spawned = await session.call_tool("memory_search", {
         "query": "Kestrel migration", "sessionKey": "agent:main:subagent:7f3c", "sessionKeys": ["agent:main:main"]})
     assert (spawned.structuredContent or {})["results"][0]["path"] == "memory/2026-01-05.md"
-    bad = await session.call_tool("memory_search", {"query": "x", "maxResults": "six"})
-    assert bad.isError is True and "Input validation error" in bad.content[0].text  # type: ignore[union-attr]
-    # what the schema refuses never reaches the handler (docs/mcp-daemon.md says so)
-    low = await session.call_tool("memory_search", {"query": "x", "maxResults": 0})
-    assert (low.isError, low.structuredContent, [c.text for c in low.content]) == (  # type: ignore[union-attr]
-        True, None, ["Input validation error: 0 is less than the minimum of 1"])
+    # what the schema refuses is refused in serve's words, as a disabled answer
+    for args, error in (({"maxResults": "six"}, "maxResults must be an integer, not 'six'"),
+                        ({"maxResults": 0}, "max results must be between 1 and 2147483647"),
+                        ({"max_results": 3}, "unknown parameter 'max_results' (memory_search takes "
+                                             "query, maxResults, minScore, corpus)"),
+                        ({"sessionKey": 5}, "session key must be a string")):
+        bad = await session.call_tool("memory_search", {"query": "x", **args})
+        assert (bad.isError, bad.structuredContent) == (True, {"results": [], "disabled": True, "error": error})
+        assert orjson.loads(bad.content[0].text) == bad.structuredContent  # type: ignore[union-attr]
+    low = await session.call_tool("memory_get", {"path": "MEMORY.md", "from": 0})
+    assert low.structuredContent == {"path": "MEMORY.md", "text": "", "disabled": True,
+                                     "error": "from must be between 1 and 2147483647", "refused": False}
 
     status = await session.call_tool("status", {})
     assert (status.structuredContent or {})["files"] == 2
@@ -189,6 +195,21 @@ def test_a_token_file_that_is_not_text_is_a_config_error(setup: tuple[Path, dict
     assert p.stderr.decode().splitlines()[-1] == (
         f"qmdbridge: {token_path}: the MCP token file is not UTF-8 text (expected a token of at least "
         "16 characters (delete the file to make a new one))")
+
+
+@pytest.mark.parametrize("command", ["serve", "mcp"])
+def test_a_workspace_that_is_no_folder_fails_the_start_in_every_commands_words(
+        tmp_path: Path, command: str) -> None:
+    """A file, or nothing, where the workspace should be: exit code 2 and the reason that
+    search, get and status give, where the watcher's start failed with a traceback (exit 1)."""
+    env = cli_env(tmp_path / "state", tmp_path / "home")
+    (tmp_path / "notes.md").write_text("a file\n")
+    for ws, error in ((tmp_path / "notes.md", "workspace is not a directory: {ws} (pass"),
+                      (tmp_path / "gone", "workspace does not exist: {ws} (create it, pass")):
+        p = subprocess.run([*CLI, command, "--workspace", str(ws)], env=env, capture_output=True,
+                           timeout=120, stdin=subprocess.DEVNULL)
+        assert (p.returncode, p.stdout, p.stderr.decode()) == (2, b"", "qmdbridge: " + error.format(ws=ws)
+                                                               + " --workspace or set agents.defaults.workspace)\n")
 
 
 def test_servers_starting_together_agree_on_one_token(tmp_path: Path) -> None:

@@ -458,17 +458,18 @@ class QmdBackend:
         plan = CallPlan(search_mode, limit, search_mode == "query" and self.cfg.rerank is False,
                         deadline, limits.timeout_ms, self.home.models_dir,
                         self.child_env, index_db=self.home.index_db, lex=lex)
+        warm = self.warm.search if self.warm is not None else None
         try:
             # no warm child for lex calls while qmd's index is empty: its tool answers [] for a
             # lost collection, where a spawned call's "Collection not found" runs the repair
             entries = await search_with_repairs(lexical if search_mode == "search" else q,
                                                 colls, plan, run=self._run_search,
-                                                warm=self.warm if counts or not lex else None,
+                                                warm=warm if counts or not lex else None,
                                                 reconcile=partial(self.reconcile, force=True),
                                                 written=q, lexical=lexical)
             if plan.mode == "search" and words and not plan.lex:  # qmd rejected the lex call
                 entries = await relax(words, entries, colls, plan, run=self._run_search,
-                                      warm=self.warm, keep=POOL_FACTOR * limit,
+                                      warm=warm, keep=POOL_FACTOR * limit,
                                       sent=lexical, counts=self.index_counts)
         except BackendUnavailableError as exc:
             self.last_search_error = exc.reason

@@ -25,13 +25,13 @@ from qmdbridge.qmd.search_calls import (
     MissingCollection,
     RunSearch,
     VectorModuleMissing,
+    WarmSearch,
     search_collections,
 )
 
 if TYPE_CHECKING:
     from qmdbridge.qmd.collections import ManagedCollection
     from qmdbridge.qmd.parse import IndexCounts
-    from qmdbridge.qmd.warm import WarmChild
 
 __all__ = ["RELAX_MIN_LEFT_MS", "relax"]
 
@@ -43,7 +43,7 @@ RELAX_MIN_LEFT_MS = 500
 
 async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
                 colls: list[ManagedCollection], plan: CallPlan, *, run: RunSearch,
-                warm: WarmChild | None, keep: int, sent: str,
+                warm: WarmSearch | None, keep: int, sent: str,
                 counts: IndexCounts) -> list[tuple[QmdEntry, str | None]]:
     """The relaxed pass: ``found`` first, then the documents each :func:`relaxed_terms` term other
     than ``sent`` finds alone, best qmd score first, one per document, at most ``keep``. Nothing

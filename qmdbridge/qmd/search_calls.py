@@ -11,7 +11,6 @@ import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import anyio
 from tenacity import (
@@ -65,12 +64,10 @@ VEC0_HINT = ("qmd cannot open its vector table (no such module: vec0): it runs u
 
 # run(args, positionals, timeout_ms) -> RunResult; raises BackendUnavailableError.
 RunSearch = Callable[[list[str], list[str], int], Awaitable[RunResult]]
+# What may answer a collection's call instead of a spawned qmd (``warm.WarmChild.search``); None: spawn.
+WarmSearch = Callable[[str, ManagedCollection, "CallPlan"], Awaitable[list[QmdEntry] | None]]
 
 
-class WarmSearch(Protocol):
-    """What may answer a collection's call instead of a spawned qmd (``warm.WarmChild``)."""
-
-    async def search(self, q: str, coll: ManagedCollection, plan: CallPlan) -> list[QmdEntry] | None: ...
 
 
 class FlagRejected(Exception):
@@ -159,7 +156,8 @@ async def _one(q: str, coll: ManagedCollection, plan: CallPlan, run: RunSearch) 
     busy_seen = False  # an attempt answered busy
 
     async def attempt() -> RunResult:
-        nonlocal busy_seen
+        nonlocal attempts, busy_seen
+        attempts += 1
         remaining = plan.remaining_ms()
         if remaining <= 0:
             raise plan.timeout(summary)
@@ -181,23 +179,17 @@ async def _one(q: str, coll: ManagedCollection, plan: CallPlan, run: RunSearch) 
             raise _Busy(res)
         return res
 
+    retrying = AsyncRetrying(
+        retry=retry_if_exception_type(_Busy),
+        stop=stop_any(stop_after_attempt(BUSY_ATTEMPTS), _NearDeadline(plan)),
+        wait=wait_exponential(multiplier=BUSY_FIRST_WAIT_S, min=BUSY_FIRST_WAIT_S, max=1.0),
+        before_sleep=lambda state: log.info("qmd index busy (%s); retrying", summary), reraise=True)
     try:
-        res: RunResult | None = None
-        async for try_ in AsyncRetrying(
-                retry=retry_if_exception_type(_Busy),
-                stop=stop_any(stop_after_attempt(BUSY_ATTEMPTS), _NearDeadline(plan)),
-                wait=wait_exponential(multiplier=BUSY_FIRST_WAIT_S, min=BUSY_FIRST_WAIT_S, max=1.0),
-                before_sleep=lambda state: log.info("qmd index busy (%s); retrying", summary),
-                reraise=True):
-            with try_:
-                attempts += 1
-                res = await attempt()
+        return _classify(await retrying(attempt), plan, command)
     except _Busy as busy:
         r = busy.result
         raise QmdBusyError(r.summary, attempts=attempts, returncode=r.returncode,
                            stdout_tail=r.stdout, stderr_tail=r.stderr) from None
-    assert res is not None
-    return _classify(res, plan, command)
 
 
 def _classify(res: RunResult, plan: CallPlan, command: str) -> list[QmdEntry]:
@@ -248,7 +240,7 @@ async def search_collections(q: str, colls: list[ManagedCollection], plan: CallP
     async def one(i: int, coll: ManagedCollection) -> None:
         async with limiter:
             try:
-                answer = None if warm is None else await warm.search(q, coll, plan)
+                answer = None if warm is None else await warm(q, coll, plan)
                 answers[i] = answer if answer is not None else await _one(q, coll, plan, run)
             except (FlagRejected, MissingCollection, VectorModuleMissing, BackendUnavailableError) as exc:
                 answers[i] = exc

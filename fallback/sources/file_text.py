@@ -17,7 +17,7 @@ from fallback.sources.memory_files import NOFOLLOW_READ, SYMLINK_ERRNOS, SYMLINK
 from fallback.sources.stamps import change_time_ns
 from fallback.text.scripts import sha256_hex
 
-__all__ = ["BINARY_FILE", "VANISHED", "FileContent", "is_binary", "is_binary_file", "list_session_files",
+__all__ = ["BINARY_FILE", "VANISHED", "FileContent", "is_binary", "is_binary_file", "is_binary_path", "list_session_files",
            "read_memory_text", "read_session_text"]
 
 # Skip reason of a file that disappeared between discovery and reading (not reported).
@@ -148,6 +148,21 @@ def is_binary_file(fd: int, *, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> bool:
 
     complete = os.fstat(fd).st_size <= max_bytes
     return any(b"\x00" in block for block in blocks()) and is_binary(blocks(), complete=complete)
+
+
+def is_binary_path(path: Path, *, max_bytes: int) -> bool:
+    """:func:`is_binary_file` of the first ``max_bytes`` bytes of the note at ``path`` (opened
+    as discovery opens it: no symlink, no blocking); ``False`` when it cannot be opened or read."""
+    try:
+        fd = os.open(path, NOFOLLOW_READ)
+    except OSError:
+        return False
+    try:
+        return is_binary_file(fd, max_bytes=max_bytes)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def list_session_files(sessions_dir: Path) -> tuple[list[MemoryFile], str | None]:

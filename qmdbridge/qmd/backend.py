@@ -24,7 +24,7 @@ from fallback.request import SearchRequest
 from fallback.search.fusion import select_results
 from fallback.settings import ExtraPath
 from fallback.skipped import SkippedFile
-from fallback.sources.file_text import BINARY_FILE, read_memory_text
+from fallback.sources.file_text import BINARY_FILE, is_binary_path
 from fallback.sources.memory_files import EXTRA_PATH_MISSING, Discovery, list_memory_files
 from fallback.sources.read_page import read_memory_page
 from qmdbridge.config import ResolvedAgent
@@ -530,11 +530,11 @@ class QmdBackend:
         return await probe_search(self._run_search, timeout_ms=self.cfg.limits.timeout_ms)
 
     def _skipped_notes(self) -> tuple[Discovery, list[SkippedFile]]:
-        """The memory-file discovery, and the notes the builtin read calls binary (blocking)."""
+        """The memory-file discovery, and the notes the builtin binary rule skips, read whole (blocking)."""
         cap = self.agent.engine.search.max_file_bytes
         found = list_memory_files(self.agent.workspace_dir, rule_extra_paths(self.agent), max_file_bytes=cap)
-        read = (read_memory_text(f, max_file_bytes=cap) for f in found.files)
-        return found, [r for r in read if isinstance(r, SkippedFile) and r.reason == BINARY_FILE]
+        return found, [SkippedFile(path=f.rel_path, reason=BINARY_FILE) for f in found.files
+                       if is_binary_path(f.abs_path, max_bytes=cap)]
 
     async def status(self) -> MemoryStatus:
         """Counts from qmd's index and qmd's health, tried by a real search probe; ``custom.qmd`` holds

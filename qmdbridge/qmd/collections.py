@@ -376,7 +376,6 @@ async def _add(mc: ManagedCollection, *, run: RunCollectionCommand,
         except OSError as exc:
             return CollectionRun(False, "", f"cannot create collection dir {mc.path}: {exc}")
     order = [state.pattern_flag] + [f for f in ("--mask", "--glob") if f != state.pattern_flag]
-    res = CollectionRun(False, "", "collection add not attempted")
     ignored: list[str] = []
     moved = False  # a read-back named another folder (not only another pattern)
     for i, flag in enumerate(order):

@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 
 from qmdbridge.cli.common import EXIT_REFUSED, print_config_warnings, print_error
+from qmdbridge.config_env import state_dir
 from qmdbridge.server.wire import (
     DAEMON_ENV,
     MAX_LINE_BYTES,
@@ -19,7 +20,6 @@ from qmdbridge.server.wire import (
     daemon_dir,
     remove_stale_socket,
     short_socket_path,
-    state_dir,
     turned_off,
 )
 

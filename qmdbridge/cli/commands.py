@@ -98,7 +98,7 @@ def _logs_to_stderr(args: argparse.Namespace) -> Iterator[None]:
 
 def run_command(args: argparse.Namespace, *, qmd_runner: Any = None) -> int:
     """Run one parsed command; prints results and errors, returns the exit code.
-    ``qmd_runner``: runs a ``search``'s qmd processes (the calls started ahead), or ``None``."""
+    ``qmd_runner``: runs a ``search``'s qmd processes (the calls it started ahead), or ``None``."""
     with _logs_to_stderr(args):
         try:
             key, key_taken_ms = None, None
@@ -111,9 +111,7 @@ def run_command(args: argparse.Namespace, *, qmd_runner: Any = None) -> int:
             cfg, agent = _resolve(args)
             if args.command not in ("serve", "mcp"):  # these log them (logging's default)
                 print_config_warnings(agent.config_warning_lines())
-            handler = _handler(args.command)
-            if qmd_runner is not None and args.command == "search":
-                handler = partial(_search, qmd_runner=qmd_runner)
+            handler = partial(_search, qmd_runner=qmd_runner) if qmd_runner else _handler(args.command)
             code = anyio.run(handler, agent, args)
             if key is not None and code == EXIT_OK:
                 from qmdbridge.cli.search_cache import record_search_settings

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Mapping
 
 from qmdbridge.cli.common import EXIT_REFUSED, print_config_warnings, print_error
+from qmdbridge.config_env import state_dir
 from qmdbridge.server.wire import (
     DAEMON_ENV,
     MAX_LINE_BYTES,
@@ -21,7 +22,6 @@ from qmdbridge.server.wire import (
     peer_ids,
     remove_stale_socket,
     short_socket_path,
-    state_dir,
     turned_off,
 )
 

@@ -326,11 +326,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser(only, json_errors=json_errors)
         raw = _command_first(raw, parser)
         args = parser.parse_args(raw)
-        if args.command in DAEMON_COMMANDS:
-            # a running `qmdbridge serve` for this agent answers without any heavy import
-            served = try_daemon(args)
-            if served is not None:
-                return served
+        served = try_daemon(args)  # a running `qmdbridge serve` for this agent answers without any heavy import
+        if served is not None:
+            return served
         if args.command == "search":
             # No daemon: an index in sync is searched read-only with the recorded settings,
             # without loading the config models, anyio or the engine (cli/fast_search.py); in qmd

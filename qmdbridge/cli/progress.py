@@ -114,10 +114,10 @@ class SyncProgress:
         if self._last_line_s is not None and now_s - self._last_line_s < PLAIN_EVERY_S:
             return None
         self._last_line_s = now_s
-        self.shown = True
         return self._write(self._text(now_s))
 
     def _write(self, line: str) -> str:
+        self.shown = True
         self.stream.write(line + "\n")
         self.stream.flush()
         return line
@@ -135,7 +135,6 @@ class SyncProgress:
         if self.rich:
             self._start_bar(line)
             return None
-        self.shown = True
         return self._write(line)
 
     def _start_bar(self, text: str) -> None:

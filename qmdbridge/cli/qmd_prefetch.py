@@ -114,45 +114,40 @@ def _probed(qmd: dict[str, Any], home: QmdHome, env: Mapping[str, str]) -> bool:
 
 def _start_calls(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, Any],
                  env: dict[str, str]) -> None:
-    """The thread: :func:`_plan_and_start`; a defect only costs the head start (noted with ``-v``)."""
+    """The thread: one call per collection qmd's index holds documents of, as the backend makes
+    it; a defect only costs the head start (noted with ``-v``)."""
     try:
-        _plan_and_start(calls, args, qmd, env)
+        from qmdbridge.paths import child_env, qmd_home
+        from qmdbridge.qmd.index_stats import index_counts
+        from qmdbridge.qmd.query_text import (
+            lex_queries,
+            qmd_argv,
+            search_call,
+            search_env,
+            search_limits,
+            search_words,
+            without_stray_quote,
+        )
+
+        home = qmd_home(Path(qmd["stateDir"]), qmd["agentId"])
+        counts, err = index_counts(home.index_db, log_errors=False)  # logging is not set up yet
+        if err is not None:  # (the search reads it again and logs it)
+            verbose_note(args, f"qmd calls not started ahead: {err}")
+            return
+        colls = [str(c) for c in qmd["collections"] if not counts or counts.get(str(c), 0) > 0]
+        if not colls:
+            return
+        child = search_env(child_env(home, parent_env=env, path_env=qmd["childPath"] or env.get("PATH", "")))
+        limit, _ = search_limits(qmd["maxResults"], args.max_results, None)
+        first, words = search_words(without_stray_quote(args.query.strip()), "search")
+        lex = lex_queries(first, words)
+        started: list[QmdProcess] = []
+        running = ahead_limit()  # at most this many at once; stop once one is not started
+        for coll in colls:       # (the search took it first, it failed to start, or discarded)
+            flags, positional, _ = search_call(first, coll, mode="search", limit=limit, lex=lex)
+            if not calls.wait(started, running_below=running) or (call := calls.start(
+                    qmd_argv(qmd["command"], flags, [positional]), child, qmd["workspace"])) is None:
+                return
+            started.append(call)
     except Exception as exc:  # the CLI edge: nothing may reach stderr from this thread
         verbose_note(args, f"qmd calls not started ahead: {exc!r}")
-
-
-def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, Any],
-                    env: dict[str, str]) -> None:
-    """One call per collection qmd's index holds documents of, as the backend makes it."""
-    from qmdbridge.paths import child_env, qmd_home
-    from qmdbridge.qmd.index_stats import index_counts
-    from qmdbridge.qmd.query_text import (
-        lex_queries,
-        qmd_argv,
-        search_call,
-        search_env,
-        search_limits,
-        search_words,
-        without_stray_quote,
-    )
-
-    home = qmd_home(Path(qmd["stateDir"]), qmd["agentId"])
-    counts, err = index_counts(home.index_db, log_errors=False)  # logging is not set up yet
-    if err is not None:  # (the search reads it again and logs it)
-        verbose_note(args, f"qmd calls not started ahead: {err}")
-        return
-    colls = [str(c) for c in qmd["collections"] if not counts or counts.get(str(c), 0) > 0]
-    if not colls:
-        return
-    child = search_env(child_env(home, parent_env=env, path_env=qmd["childPath"] or env.get("PATH", "")))
-    limit, _ = search_limits(qmd["maxResults"], args.max_results, None)
-    first, words = search_words(without_stray_quote(args.query.strip()), "search")
-    lex = lex_queries(first, words)
-    started: list[QmdProcess] = []
-    running = ahead_limit()  # at most this many at once; stop once one is not started
-    for coll in colls:       # (the search took it first, it failed to start, or discarded)
-        flags, positional, _ = search_call(first, coll, mode="search", limit=limit, lex=lex)
-        if not calls.wait(started, running_below=running) or (call := calls.start(
-                qmd_argv(qmd["command"], flags, [positional]), child, qmd["workspace"])) is None:
-            return
-        started.append(call)

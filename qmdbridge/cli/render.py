@@ -18,8 +18,6 @@ __all__ = ["KEYWORD_ONLY_NOTICE", "QMD_UNAVAILABLE", "explain_lines", "get_page_
 
 # Printed once (stderr) by a plain search that the builtin engine answered keyword-only.
 KEYWORD_ONLY_NOTICE = 'keyword-only: no embedding provider — see README "Semantic search"'
-
-
 # How the fallback note names qmd's failure (and how a qmd BackendUnavailableError's text starts).
 QMD_UNAVAILABLE = "qmd unavailable: "
 
@@ -47,7 +45,7 @@ def print_answer(args: Any, doc: dict[str, Any], *, served_by: str, keyword_noti
     elif args.command == "get":
         print_get_doc(doc, from_line=args.from_line)
     else:
-        print_status_doc(doc, problems=doc["problems"])
+        print_status_doc(doc)
     return EXIT_OK
 
 
@@ -151,10 +149,10 @@ def print_get_doc(doc: dict[str, Any], *, from_line: int | None = None) -> None:
     sys.stdout.write(text + ("\n" if text and not text.endswith("\n") else ""))
 
 
-def print_status_doc(st: dict[str, Any], *, problems: list[dict[str, Any]] | None = None) -> None:
-    """Print a status document as ``Key: value`` lines (spec 11.1 layout) with the
-    roots memory is read from and the ``problems`` with their fixes (``none found yet``
-    before the first sync)."""
+def print_status_doc(st: dict[str, Any]) -> None:
+    """Print a status document (with its ``problems``) as ``Key: value`` lines (spec 11.1
+    layout) with the roots memory is read from and the problems with their fixes (``none found
+    yet`` before the first sync)."""
     from qmdbridge.problems import files_checked, is_indexed_caveat
 
     w = sys.stdout.write
@@ -227,15 +225,14 @@ def print_status_doc(st: dict[str, Any], *, problems: list[dict[str, Any]] | Non
         w(f"{label}: {s.get('path')}: {s.get('reason')}\n")
     for issue in st.get("issues") or []:
         w(f"Issue: {issue}\n")
-    if problems is not None:
-        if not problems and not files_checked(st):
-            w("Problems: none found yet: memory files are checked by the first sync "
-              "(run `qmdbridge index`)\n")
-        else:
-            w(f"Problems: {len(problems) or 'none'}\n")
-        for p in problems:
-            w(f"  [{p.get('check')}] {p.get('message')}\n")
-            if p.get("hint"):
-                w(f"    fix: {p['hint']}\n")
+    problems = st["problems"]
+    if not problems and not files_checked(st):
+        w("Problems: none found yet: memory files are checked by the first sync (run `qmdbridge index`)\n")
+    else:
+        w(f"Problems: {len(problems) or 'none'}\n")
+    for p in problems:
+        w(f"  [{p.get('check')}] {p.get('message')}\n")
+        if p.get("hint"):
+            w(f"    fix: {p['hint']}\n")
     for warning in st.get("configWarnings") or []:
         w(f"Config warning: {warning}\n")

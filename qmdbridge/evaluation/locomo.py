@@ -52,16 +52,9 @@ _NEWLINES_RE = re.compile(r"\r\n|\r|\n")
 
 @dataclass(frozen=True)
 class LocomoConversation:
-    """One converted conversation.
-
-    Attributes:
-        name: the ``sample_id``, else the file's stem (``#i`` added for the i-th of several).
-        source: the file it was read from.
-        files: workspace-relative path -> file text, in session order.
-        turns: ``dia_id`` -> its :class:`Evidence`.
-        questions: the kept questions, in ``qa`` order (a question naming no turn is dropped,
-            and so is an evidence id naming none).
-    """
+    """One converted conversation: its ``sample_id`` (else the file's stem, ``#i`` added for the
+    i-th of several), the file it was read from, workspace-relative path -> file text in session
+    order, ``dia_id`` -> its :class:`Evidence`, and the kept questions in ``qa`` order."""
 
     name: str
     source: str
@@ -107,18 +100,6 @@ def _turn_line(turn: Any, *, where: str) -> tuple[str, str, str]:
     if isinstance(caption, str) and caption.strip():
         body += f" [shares a photo: {_one_line(caption)}]"
     return dia_id.strip(), _one_line(speaker), body
-
-
-def _sessions(conversation: Mapping[str, Any], *, where: str) -> list[tuple[int, list[Any]]]:
-    out = []
-    for key, value in conversation.items():
-        m = _SESSION_RE.fullmatch(key)
-        if m is None:
-            continue
-        if not isinstance(value, list):
-            raise UsageError(f"{where}: {key} must be a list of turns")
-        out.append((int(m.group(1)), value))
-    return sorted(out, key=lambda s: s[0])
 
 
 def _questions(qa: Any, turns: Mapping[str, Evidence], *,
@@ -168,7 +149,11 @@ def convert_sample(sample: Mapping[str, Any], *, name: str, source: str = "<memo
     files: dict[str, str] = {}
     turns: dict[str, Evidence] = {}
     per_day: dict[date, int] = {}
-    for number, session in _sessions(conversation, where=where):
+    sessions = sorted(((int(m.group(1)), key, value) for key, value in conversation.items()
+                       if (m := _SESSION_RE.fullmatch(key))), key=lambda s: s[0])
+    for number, key, session in sessions:
+        if not isinstance(session, list):
+            raise UsageError(f"{where}: {key} must be a list of turns")
         if not session:
             continue
         stamp = conversation.get(f"session_{number}_date_time")
@@ -237,7 +222,7 @@ def locomo_files(path: str | Path) -> list[Path]:
 
 
 def write_workspace(conversation: LocomoConversation, root: str | Path) -> Path:
-    """Write the conversation's daily notes under ``root`` (created; UTF-8, ``\\n``); returns ``root``.
+    """Write the conversation's daily notes under ``root`` (created); returns ``root``.
 
     Raises:
         UsageError: ``root`` already holds one of the files (nothing is overwritten).

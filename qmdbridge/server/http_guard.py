@@ -28,7 +28,7 @@ class RequestGuard:
     def __init__(self, app: ASGIApp, *, request_timeout_s: float) -> None:
         self.app = app
         self.request_timeout_s = request_timeout_s
-        self._in_flight: set[tuple[str, ...]] = set()
+        self._in_flight: set[tuple[str, str]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -36,8 +36,7 @@ class RequestGuard:
             return
         body, more = await _peek_body(receive)
         replay = _replaying(body, more, receive)
-        found = _request_key(Headers(scope=scope).get(SESSION_HEADER), body) if not more else None
-        key, rid = (found[:2], found[2]) if found is not None else (None, None)
+        key, rid = _request_key(Headers(scope=scope).get(SESSION_HEADER), body) if not more else (None, None)
         if key is not None and key in self._in_flight:
             await _jsonrpc_error(409, rid, f"request id {rid!r} is already in flight in this session; "
                                  "each request needs its own id")(scope, replay, send)
@@ -92,18 +91,16 @@ def _replaying(body: bytes, more: bool, receive: Receive) -> Receive:
     return replay
 
 
-def _request_key(session: str | None, body: bytes) -> tuple[str, str, Any] | None:
-    """``(session id, request id as the SDK keys it (str), request id)`` of a POST carrying one
-    JSON-RPC request of an open session; ``None`` for anything else."""
-    if not session:
-        return None
+def _request_key(session: str | None, body: bytes) -> tuple[tuple[str, str] | None, Any]:
+    """``((session id, request id as the SDK keys it, a str), request id)`` of a POST carrying one
+    JSON-RPC request of an open session; ``(None, None)`` for anything else."""
     try:
-        doc: Any = orjson.loads(body)
+        doc: Any = orjson.loads(body) if session else None
     except orjson.JSONDecodeError:
-        return None
+        doc = None
     if not isinstance(doc, dict) or "method" not in doc or doc.get("id") is None:
-        return None
-    return session, str(doc["id"]), doc["id"]
+        return None, None
+    return (str(session), str(doc["id"])), doc["id"]
 
 
 def _jsonrpc_error(status: int, request_id: Any, message: str) -> JSONResponse:

@@ -31,7 +31,6 @@ __all__ = [
     "remove_stale_socket",
     "short_socket_path",
     "socket_path",
-    "state_dir",
     "turned_off",
 ]
 

@@ -110,13 +110,12 @@ class MemoryManager:
         self._builtin: BuiltinEngine | None = None
         self._builtin_started = False
         self._closed = False
-        self.breaker = CircuitBreaker(qmd_home(agent.state_dir, agent.agent_id).breaker if self.backend_name == "qmd" else None,
-                                      scope=breaker_scope(agent.memory.qmd.command,
-                                                          agent.memory.qmd.search_mode, self._env))
-        self.sidecar: QmdSidecar | None = None
-        if self.backend_name == "qmd":
-            self.sidecar = QmdSidecar(agent, mode=mode, env=self._env, now_ms=self._now_ms,
-                                      background=self._background, runner=qmd_runner)
+        self.breaker = CircuitBreaker(
+            qmd_home(agent.state_dir, agent.agent_id).breaker if self.backend_name == "qmd" else None,
+            scope=breaker_scope(agent.memory.qmd.command, agent.memory.qmd.search_mode, self._env))
+        self.sidecar = (QmdSidecar(agent, mode=mode, env=self._env, now_ms=self._now_ms,
+                                   background=self._background, runner=qmd_runner)
+                        if self.backend_name == "qmd" else None)
         self._last_fallback: FallbackInfo | None = None
         # ms into a qmd search before the builtin engine is opened beside it; None: the search
         # deadline minus BUILTIN_PREPARE_LEAD_MS
@@ -307,10 +306,9 @@ class MemoryManager:
         now = self._now_ms()
         if not self.breaker.allow(now):
             reason = self.breaker.state.last_failure or "qmd failed recently"
-            info = self.breaker.describe(now)
-            return None, FallbackInfo(
-                from_backend="qmd",
-                reason=f"{reason} (circuit open; retry in {info['retryInMs'] // 1000}s)")
+            retry_s = self.breaker.describe(now)["retryInMs"] // 1000
+            return None, FallbackInfo(from_backend="qmd",
+                                      reason=f"{reason} (circuit open; retry in {retry_s}s)")
         backend, why = await self._qmd_started(wait=self.mode == "cli")
         if backend is None:
             # the sidecar already dropped the probe if the start-up failed

@@ -30,14 +30,10 @@ ProgressCallback = Callable[[int, int, int, int], None]
 
 @dataclass(frozen=True)
 class SearchOutcome:
-    """One search's answer, as a backend returns it.
-
-    Attributes:
-        results: the hits, best first, cut to ``max_results`` and filtered by ``min_score``.
-        warnings: this search's non-fatal notes, then the backend's last non-fatal problem
-            when no note says it already.
-        mode / provider / model: as in :class:`~fallback.models.SearchResponse`.
-    """
+    """One search's answer, as a backend returns it: the hits (best first, cut to
+    ``max_results``, filtered by ``min_score``), the search's non-fatal notes then the backend's
+    last non-fatal problem when no note says it, and the fields of the same names of
+    :class:`~fallback.models.SearchResponse`."""
 
     results: list[MemorySearchResult]
     warnings: list[str] = field(default_factory=list)

@@ -90,13 +90,10 @@ def _overlay(base: dict[str, Any], over: dict[str, Any], *, concatenated: tuple[
     return merged
 
 
-def _both(new: dict[str, Any], new_key: str, old: dict[str, Any], old_key: str,
-          warnings: list[str]) -> dict[str, Any]:
-    both = _overlap(new, old)
-    if both:
-        warnings.append(f"{new_key} and {old_key} both set {', '.join(both)}; {new_key} wins "
-                        f"({old_key} is the layout before OpenClaw 2026.9)")
-    return _overlay(old, new)
+def _both_set(new_key: str, old_key: str, both: list[str]) -> str:
+    """The warning for keys (``both``) set in both layouts, at ``new_key`` and ``old_key``."""
+    return (f"{new_key} and {old_key} both set {', '.join(both)}; {new_key} wins "
+            f"({old_key} is the layout before OpenClaw 2026.9)")
 
 
 # OpenClaw's ``models.providers.<id>.api`` -> our provider speaking it (memorySearch.provider may name <id>).
@@ -123,17 +120,23 @@ def _custom_provider(search: dict[str, Any], providers: dict[str, Any]) -> dict[
     return {**search, "provider": ours, "remote": {**remote, **filled}}
 
 
+def _searches(legacy: tuple[str, Any], new: tuple[str, Any], *, file: str | None, warnings: list[str],
+              providers: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
+    """The search settings written in the layout before 2026.9 and in 2026.9's (each ``(key
+    path, value)``) merged, 2026.9's winning (a warning per key both set), and each as written."""
+    (old_key, old), (new_key, now) = [(k, _custom_provider(as_object(v, key=k, file=file), providers))
+                                      for k, v in (legacy, new)]
+    if both := _overlap(now, old):
+        warnings.append(_both_set(new_key, old_key, both))
+    return _overlay(old, now), [(k, v) for k, v in ((old_key, old), (new_key, now)) if v]
+
+
 def _entry_search(entry: dict[str, Any], key_path: str, *, file: str | None, warnings: list[str],
                   providers: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
-    legacy = _custom_provider(as_object(entry.get("memorySearch"), key=f"{key_path}.memorySearch",
-                                        file=file), providers)
     memory = as_object(entry.get("memory"), key=f"{key_path}.memory", file=file)
-    new = _custom_provider(as_object(memory.get("search"), key=f"{key_path}.memory.search", file=file),
-                           providers)
-    sources = [(f"{key_path}.memorySearch", legacy)] if legacy else []
-    sources += [(f"{key_path}.memory.search", new)] if new else []
-    return _both(new, f"{key_path}.memory.search", legacy, f"{key_path}.memorySearch",
-                 warnings), sources
+    return _searches((f"{key_path}.memorySearch", entry.get("memorySearch")),
+                     (f"{key_path}.memory.search", memory.get("search")), file=file, warnings=warnings,
+                     providers=providers)
 
 
 def read_layout(root: dict[str, Any], *, file: str | None = None) -> Layout:
@@ -149,12 +152,9 @@ def read_layout(root: dict[str, Any], *, file: str | None = None) -> Layout:
     models = root.get("models")  # OpenClaw's section: custom provider ids, remote providers' keys
     providers = models.get("providers") if isinstance(models, dict) else None
     providers = providers if isinstance(providers, dict) else {}
-    legacy = _custom_provider(as_object(defaults.get("memorySearch"), key="agents.defaults.memorySearch",
-                                        file=file), providers)
-    new = _custom_provider(as_object(memory.get("search"), key="memory.search", file=file), providers)
-    out.search_sources = [(k, v) for k, v in (("agents.defaults.memorySearch", legacy),
-                                              ("memory.search", new)) if v]
-    out.search = _both(new, "memory.search", legacy, "agents.defaults.memorySearch", out.warnings)
+    out.search, out.search_sources = _searches(
+        ("agents.defaults.memorySearch", defaults.get("memorySearch")),
+        ("memory.search", memory.get("search")), file=file, warnings=out.warnings, providers=providers)
     entries = {ours: {k: v for k, v in entry.items() if k in ("baseUrl", "apiKey", "headers")}
                for theirs, ours in _KEYED_PROVIDERS.items() if isinstance(entry := providers.get(theirs), dict)}
     if entries:  # where OpenClaw's remote providers also find a key, base URL and headers
@@ -193,9 +193,7 @@ def read_layout(root: dict[str, Any], *, file: str | None = None) -> Layout:
         both = _overlap(fields, {k: v for k, v in earlier.raw.items() if k != "id"})
         both += [f"memory.search.{k}" for k in _overlap(search, earlier.search)]
         if both:
-            out.warnings.append(f"{key_path} and {earlier.key_path} both set {', '.join(both)}; "
-                                f"{key_path} wins ({earlier.key_path} is the layout before "
-                                "OpenClaw 2026.9)")
+            out.warnings.append(_both_set(key_path, earlier.key_path, both))
         earlier.raw = {**earlier.raw, **fields}
         earlier.search = _overlay(earlier.search, search)
         earlier.search_sources += sources

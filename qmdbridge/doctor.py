@@ -5,6 +5,7 @@ watcher limits and the index, each with a fix hint; ``--fix`` repairs the legacy
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -196,8 +197,7 @@ async def _check_qmd(agent: ResolvedAgent, env: Mapping[str, str]) -> Check:
 
 def _check_sqlite(agent: ResolvedAgent) -> list[Check]:
     checks = []
-    conn = sqlite3.connect(":memory:")
-    try:
+    with contextlib.closing(sqlite3.connect(":memory:")) as conn:
         for name, tok in (("FTS5", "unicode61"), ("FTS5 trigram", "trigram")):
             try:
                 conn.execute(f"CREATE VIRTUAL TABLE t_{tok} USING fts5(x, tokenize='{tok}')")
@@ -205,8 +205,6 @@ def _check_sqlite(agent: ResolvedAgent) -> list[Check]:
             except sqlite3.Error as exc:
                 checks.append(Check(name, "error" if tok == "unicode61" else "warn", str(exc),
                                     "use a Python whose SQLite has FTS5 (3.34+ for trigram)"))
-    finally:
-        conn.close()
     # The same probe the engine runs: sqlite-vec is only ever loaded into the store's own sqlite3.
     configured = agent.memory_search.store.vector.extension_path
     path, reason = probe_sqlite_vec(configured)

@@ -87,15 +87,11 @@ class MemoryManager:
     runs in; leaving it (or ``close()``) cancels it and closes both backends. A ``cli`` manager
     also works without ``async with``. Every method raises ``ManagerClosedError`` after ``close()``.
 
-    Args:
-        agent: the resolved agent config.
-        backend: override of ``memory.backend``.
-        mode: ``cli`` (one-shot: no timers or watchers; searches wait for qmd's start-up) or
-            ``full`` (long-lived: start-up, timers and watchers run in the background).
-        env: environment for qmd discovery and the child processes (default ``os.environ``).
-        now_ms: clock in epoch ms (tests).
-        qmd_runner: runs each qmd process (default ``run_command``; the one-shot CLI passes
-            the calls it started ahead).
+    ``backend`` overrides ``memory.backend``; ``mode`` is ``cli`` (one-shot: no timers or
+    watchers; searches wait for qmd's start-up) or ``full`` (long-lived: start-up, timers and
+    watchers run in the background); ``env`` (default ``os.environ``) is for qmd discovery and
+    the child processes; ``now_ms`` is the clock in epoch ms; ``qmd_runner`` runs each qmd
+    process (default ``run_command``; the one-shot CLI passes the calls it started ahead).
     """
 
     def __init__(self, agent: ResolvedAgent, *, backend: BackendName | None = None,
@@ -110,13 +106,12 @@ class MemoryManager:
         self._builtin: BuiltinEngine | None = None
         self._builtin_started = False
         self._closed = False
-        self.breaker = CircuitBreaker(qmd_home(agent.state_dir, agent.agent_id).breaker if self.backend_name == "qmd" else None,
-                                      scope=breaker_scope(agent.memory.qmd.command,
-                                                          agent.memory.qmd.search_mode, self._env))
-        self.sidecar: QmdSidecar | None = None
-        if self.backend_name == "qmd":
-            self.sidecar = QmdSidecar(agent, mode=mode, env=self._env, now_ms=self._now_ms,
-                                      background=self._background, runner=qmd_runner)
+        self.breaker = CircuitBreaker(
+            qmd_home(agent.state_dir, agent.agent_id).breaker if self.backend_name == "qmd" else None,
+            scope=breaker_scope(agent.memory.qmd.command, agent.memory.qmd.search_mode, self._env))
+        self.sidecar = (QmdSidecar(agent, mode=mode, env=self._env, now_ms=self._now_ms,
+                                   background=self._background, runner=qmd_runner)
+                        if self.backend_name == "qmd" else None)
         self._last_fallback: FallbackInfo | None = None
         # ms into a qmd search before the builtin engine is opened beside it; None: the search
         # deadline minus BUILTIN_PREPARE_LEAD_MS
@@ -177,28 +172,19 @@ class MemoryManager:
                      inherited_session_keys: Sequence[str] = (),
                      corpus: str | None = None,
                      progress: ProgressCallback | None = None) -> SearchResponse:
-        """Run ``memory_search``.
+        """Run ``memory_search`` for ``query``: ``max_results`` hits (default ``query.maxResults``
+        / ``limits.maxResults``) scoring at least ``min_score`` in [0, 1] (default
+        ``query.minScore`` on the builtin engine, none on qmd), as ``session_key`` (``None``:
+        owner call) acting for ``inherited_session_keys`` (scope rules), from ``sources`` and
+        ``corpus`` (``memory`` | ``sessions`` | ``all`` (``None``) | ``wiki``, which narrows
+        ``sources``); ``explain`` attaches the builtin engine's ranking trace to every hit;
+        ``progress`` (:data:`~fallback.contract.ProgressCallback`) of a sync the builtin engine runs first.
 
-        Args:
-            query: the user's text (a blank one is a usage error).
-            max_results: hits wanted (default ``query.maxResults`` / ``limits.maxResults``).
-            min_score: score floor in [0, 1] (default ``query.minScore`` on the builtin engine; the
-                qmd backend applies none unless one is given).
-            session_key: the runtime's session key (``None`` = owner call).
-            sources: restrict to ``memory`` and/or ``sessions``.
-            explain: attach the builtin engine's ranking trace to every hit.
-            inherited_session_keys: keys the session acts for (scope rules).
-            corpus: ``memory`` | ``sessions`` | ``all`` (``None``) | ``wiki``; narrows ``sources``.
-            progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)``
-                for a sync the builtin engine runs first.
+        Returns the ``SearchResponse``: no results, with ``denied`` set or a warning, when scope
+        refuses or the corpus is empty.
 
-        Returns:
-            ``SearchResponse`` naming the backend, the fallback and the corpus; no results,
-            with ``denied`` set or a warning, when scope refuses or the corpus is empty.
-
-        Raises:
-            UsageError: blank query, a bad limit or an unknown corpus.
-            BackendUnavailableError: no backend could answer.
+        Raises ``UsageError`` (blank query, bad limit, unknown corpus) or
+        ``BackendUnavailableError`` (no backend could answer).
         """
         admitted = self._admit(query, max_results=max_results, min_score=min_score,
                                session_key=session_key, sources=sources, explain=explain,
@@ -307,10 +293,9 @@ class MemoryManager:
         now = self._now_ms()
         if not self.breaker.allow(now):
             reason = self.breaker.state.last_failure or "qmd failed recently"
-            info = self.breaker.describe(now)
-            return None, FallbackInfo(
-                from_backend="qmd",
-                reason=f"{reason} (circuit open; retry in {info['retryInMs'] // 1000}s)")
+            retry_s = self.breaker.describe(now)["retryInMs"] // 1000
+            return None, FallbackInfo(from_backend="qmd",
+                                      reason=f"{reason} (circuit open; retry in {retry_s}s)")
         backend, why = await self._qmd_started(wait=self.mode == "cli")
         if backend is None:
             # the sidecar already dropped the probe if the start-up failed

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from functools import cached_property
 from typing import Any, Literal
 
 import anyio
+from pydantic.alias_generators import to_camel
 
 from fallback.background import BackgroundTasks
 from fallback.contract import MemoryBackend
@@ -149,12 +151,8 @@ class QmdSidecar:
                  else "failed" if self.unavailable else "not started")
         out: dict[str, Any] = {"startup": {"state": state, "lastError": self.unavailable,
                                            "breaker": self.breaker.describe(self._now())}}
-        loc = self.location
-        if loc is not None:
-            out["locate"] = {"path": loc.path, "found": loc.found, "runtimeOk": loc.runtime_ok,
-                             "version": loc.version, "reason": loc.reason,
-                             "searched": loc.searched, "pathEnv": loc.path_env,
-                             "skipped": loc.skipped}
+        if self.location is not None:  # the last probe, without the children's PATH
+            out["locate"] = {to_camel(k): v for k, v in asdict(self.location).items() if k != "child_path"}
         return out
 
     async def close(self) -> None:

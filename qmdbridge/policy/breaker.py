@@ -129,11 +129,7 @@ class CircuitBreaker:
     def describe(self, now_ms: int | None = None) -> dict[str, Any]:
         """Status view: ``{state, failures, retryInMs, lastFailure, ...}``."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        if self.state.failures == 0:
-            mode = "closed"
-        elif now >= self.state.open_until_ms:
-            mode = "half-open"
-        else:
-            mode = "open"
+        mode = ("closed" if self.state.failures == 0
+                else "half-open" if now >= self.state.open_until_ms else "open")
         return {"state": mode, "retryInMs": max(0, self.state.open_until_ms - now) if mode == "open" else 0,
                 **self.state.model_dump(by_alias=True)}

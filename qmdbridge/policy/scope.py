@@ -65,22 +65,18 @@ def _rule_matches(rule: ScopeRule, *, raw_lower: str, norm: str | None,
     if match.channel is not None and (channel is None
                                       or match.channel.strip().lower() != channel.lower()):
         return False
-    if match.chat_type is not None:
-        wanted = "direct" if match.chat_type == "dm" else match.chat_type
-        if chat_type != wanted:
-            return False
+    wanted = "direct" if match.chat_type == "dm" else match.chat_type
+    if wanted is not None and chat_type != wanted:
+        return False
     if match.raw_key_prefix is not None and not raw_lower.startswith(
             match.raw_key_prefix.strip().lower()):
         return False
-    if match.key_prefix is not None:
-        prefix = match.key_prefix.strip().lower()
-        if prefix.startswith("agent:"):
-            # Legacy configs wrote agent-qualified prefixes: compare with the raw key.
-            if not raw_lower.startswith(prefix):
-                return False
-        elif norm is None or not norm.lower().startswith(prefix):
-            return False
-    return True
+    if match.key_prefix is None:
+        return True
+    prefix = match.key_prefix.strip().lower()
+    if prefix.startswith("agent:"):  # legacy configs wrote agent-qualified prefixes: the raw key's
+        return raw_lower.startswith(prefix)
+    return norm is not None and norm.lower().startswith(prefix)
 
 
 def _decide(scope: QmdScope, key: str) -> ScopeDecision:

@@ -131,8 +131,6 @@ class MemoryWatcher:
         self._subfolders: dict[str, tuple[int, list[str]]] = {}  # folder -> (mtime, subfolders)
         self._missed: str | None = None  # the deaf observer's cause, until it is re-armed
 
-    # -- relevance ----------------------------------------------------------------------------
-
     def is_relevant(self, path: Path) -> bool:
         """Whether a changed path can affect the index, by the memory-file rule (a folder below
         a memory folder counts: it may take notes with it)."""
@@ -152,8 +150,6 @@ class MemoryWatcher:
         if self.sessions_dir is not None and path.parent == self.sessions_dir:
             return is_transcript_name(path.name)
         return False
-
-    # -- thread side --------------------------------------------------------------------------
 
     def dispatch(self, event: Any) -> None:
         """watchdog's handler call (on its thread): note that the event's folders are not
@@ -189,8 +185,6 @@ class MemoryWatcher:
         self._last_change_mono = time.monotonic()
         if self._wake is not None:
             self._wake.set()
-
-    # -- observer management ------------------------------------------------------------------
 
     def list_folder(self, path: str | None) -> Iterator[os.DirEntry[str]]:
         """What the polling observer sees of one folder below a watched root (its
@@ -417,8 +411,6 @@ class MemoryWatcher:
                         self.state.mode, cause)
         self._poke()
         return True
-
-    # -- async side ---------------------------------------------------------------------------
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Watch until cancelled. Signals ``task_status.started()`` once the observer runs.

@@ -111,27 +111,28 @@ class EmbeddingStep:
             self.deferred = True
         return max(size, 0)
 
-    async def vectors(self, store: Store, chunks: Sequence[Chunk], report: SyncReport, *,
-                      on_batch: Callable[[dict[str, list[float]]], None]) -> list[list[float]]:
-        """Vectors for ``chunks`` (``[]`` for one left for a later sync), cache first;
-        ``on_batch(found)`` sees the vectors found so far (by content hash) after each batch,
-        before the progress callback.
+    async def window_vectors(self, store: Store, chunks: Sequence[Chunk],
+                             report: SyncReport) -> list[list[list[float]]]:
+        """The window vectors of each chunk, cache first, then the provider a batch at a time;
+        ``[]`` for a chunk any of whose windows has no vector yet (left for a later sync). A chunk
+        counts in ``report.chunks_embedded`` as soon as its last window has a vector, so the
+        progress of a file of many chunks moves batch by batch.
 
         Raises:
             DimensionsChanged: the provider's vectors no longer have the index's length.
             IndexStoreError: the store cannot be read or written.
         """
-        hashes = list(dict.fromkeys(c.content_hash for c in chunks))
+        windows = [chunk_windows(c, max_input_tokens=self.provider.max_input_tokens) for c in chunks]
+        text_of = {w.content_hash: w.text for ws in windows for w in ws}
         found: dict[str, list[float]] = {}
         if self._cache_enabled:
-            found = await anyio.to_thread.run_sync(self._lookup, store, self.provider, hashes)
+            found = await anyio.to_thread.run_sync(self._lookup, store, self.provider, list(text_of))
             dims = self.index_dims if self.index_dims is not None else self.provider.dims
             if dims is not None:  # vectors of another size (an older model) are not reused
                 found = {h: v for h, v in found.items() if len(v) == dims}
         hits = list(found)
-        misses = [h for h in hashes if h not in found]
-        text_of = {c.content_hash: c.text for c in chunks}
-        start = 0
+        misses = [h for h in text_of if h not in found]
+        done = start = 0  # chunks counted (windows are embedded in chunk order: a prefix), texts sent
         while start < len(misses):
             size = self._batch_size()
             batch = misses[start:start + size]
@@ -147,35 +148,13 @@ class EmbeddingStep:
             if self._cache_enabled:
                 await self._commit(store, new, hits)
                 hits = []
-            on_batch(found)
-            self._on_batch(report)
-        if self._cache_enabled and hits:
-            await self._commit(store, {}, hits)
-        return [found.get(c.content_hash, []) for c in chunks]
-
-    async def window_vectors(self, store: Store, chunks: Sequence[Chunk],
-                             report: SyncReport) -> list[list[list[float]]]:
-        """The window vectors of each chunk through :meth:`vectors`; ``[]`` for a chunk any of
-        whose windows has no vector yet. A chunk counts in ``report.chunks_embedded`` as soon as
-        its last window has a vector, so the progress of a file of many chunks moves batch by
-        batch. Raises as :meth:`vectors`."""
-        limit = self.provider.max_input_tokens
-        windows = [chunk_windows(c, max_input_tokens=limit) for c in chunks]
-        done = 0  # chunks counted: windows are embedded in chunk order, so a prefix
-
-        def count(found: dict[str, list[float]]) -> None:
-            nonlocal done
             while done < len(windows) and all(found.get(w.content_hash) for w in windows[done]):
                 done += 1
                 report.chunks_embedded += 1
-
-        flat = await self.vectors(store, [w for ws in windows for w in ws], report, on_batch=count)
-        out: list[list[list[float]]] = []
-        start = 0
-        for ws in windows:
-            mine = flat[start:start + len(ws)]
-            start += len(ws)
-            out.append(mine if all(mine) else [])
+            self._on_batch(report)
+        if self._cache_enabled and hits:
+            await self._commit(store, {}, hits)
+        out = [vs if all(vs := [found.get(w.content_hash, []) for w in ws]) else [] for ws in windows]
         report.chunks_embedded += sum(1 for v in out[done:] if v)
         return out
 
@@ -203,7 +182,7 @@ class EmbeddingStep:
         embedding fields, record the backlog and, once known, ``vectorDims`` in the index meta.
         Under a deadline the filling ends at it, or at the enclosing cancel scope's (a
         search's sync budget), whichever is sooner, and the backlog is recorded even then.
-        Raises as :meth:`vectors`."""
+        Raises as :meth:`window_vectors`."""
         bounded = self._deadline is not None
         if self.is_open:
             end = (math.inf if self._deadline is None
@@ -224,7 +203,7 @@ class EmbeddingStep:
                            sources: Sequence[str]) -> None:
         """Embed chunks written without a vector, :data:`PENDING_BATCH` at a time (under a
         deadline, as many as one embedding batch holds), each batch written in one transaction,
-        until the step closes. Raises as :meth:`vectors`."""
+        until the step closes. Raises as :meth:`window_vectors`."""
         marks = ", ".join("?" for _ in sources)
         after = -1
         while self.is_open:

@@ -131,8 +131,6 @@ class MemoryWatcher:
         self._subfolders: dict[str, tuple[int, list[str]]] = {}  # folder -> (mtime, subfolders)
         self._missed: str | None = None  # the deaf observer's cause, until it is re-armed
 
-    # -- relevance ----------------------------------------------------------------------------
-
     def is_relevant(self, path: Path) -> bool:
         """Whether a changed path can affect the index, by the memory-file rule (a folder below
         a memory folder counts: it may take notes with it)."""
@@ -152,8 +150,6 @@ class MemoryWatcher:
         if self.sessions_dir is not None and path.parent == self.sessions_dir:
             return is_transcript_name(path.name)
         return False
-
-    # -- thread side --------------------------------------------------------------------------
 
     def dispatch(self, event: Any) -> None:
         """watchdog's handler call (on its thread): note that the event's folders are not
@@ -189,8 +185,6 @@ class MemoryWatcher:
         self._last_change_mono = time.monotonic()
         if self._wake is not None:
             self._wake.set()
-
-    # -- observer management ------------------------------------------------------------------
 
     def list_folder(self, path: str | None) -> Iterator[os.DirEntry[str]]:
         """What the polling observer sees of one folder below a watched root (its
@@ -231,26 +225,24 @@ class MemoryWatcher:
         return Observer()
 
     def _schedule_all(self, observer: Any) -> None:
-        handler = self  # watchdog calls its dispatch()
-        observer.schedule(handler, str(self.workspace), recursive=False)
-        self._memory_watched = False
-        mem = self.workspace / "memory"
-        if mem.is_dir() and not mem.is_symlink():
-            observer.schedule(handler, str(mem), recursive=True)
-            self._memory_watched = True
-        missing: list[Path] = []
+        """Schedule every watch on ``observer`` (watchdog calls this watcher's :meth:`dispatch`)."""
+        observer.schedule(self, str(self.workspace), recursive=False)
+        mem = self.workspace / MEMORY_DIR_NAME
+        self._memory_watched = mem.is_dir() and not mem.is_symlink()
+        if self._memory_watched:
+            observer.schedule(self, str(mem), recursive=True)
+        self._missing = []
         for root in self.roots[2:]:
             if root.entry.is_symlink():
                 continue
             if root.entry.is_dir():
-                observer.schedule(handler, str(root.entry), recursive=root.recursive)
+                observer.schedule(self, str(root.entry), recursive=root.recursive)
             elif root.path.is_dir():
-                observer.schedule(handler, str(root.path), recursive=False)
+                observer.schedule(self, str(root.path), recursive=False)
             else:
-                missing.append(root.path)  # watched once it exists (dead_reason looks)
-        self._missing = missing
+                self._missing.append(root.path)  # watched once it exists (dead_reason looks)
         if self.sessions_dir is not None and self.sessions_dir.is_dir():
-            observer.schedule(handler, str(self.sessions_dir), recursive=False)
+            observer.schedule(self, str(self.sessions_dir), recursive=False)
 
     def _schedule_memory_dir(self) -> None:
         mem = self.workspace / "memory"
@@ -418,8 +410,6 @@ class MemoryWatcher:
         self._poke()
         return True
 
-    # -- async side ---------------------------------------------------------------------------
-
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Watch until cancelled. Signals ``task_status.started()`` once the observer runs.
 
@@ -437,11 +427,10 @@ class MemoryWatcher:
         next_health = time.monotonic() + self.health_check_ms / 1000
         try:
             while True:
-                now = time.monotonic()
                 wake_at = [next_health]
                 if self.state.pending and self._retry_at_mono is not None:
                     wake_at.append(self._retry_at_mono)
-                with anyio.move_on_after(max(0.0, min(wake_at) - now)):
+                with anyio.move_on_after(max(0.0, min(wake_at) - time.monotonic())):
                     await self._wake.wait()
                 self._wake = anyio.Event()
                 if self.dead_reason() is not None or time.monotonic() >= next_health:
@@ -464,13 +453,12 @@ class MemoryWatcher:
     async def _deliver(self, batch: set[str]) -> None:
         try:
             await self.on_change(batch, "watch")
-        except ManagerClosedError:
-            with self._lock:
-                self.state.pending |= batch
-            raise
         except Exception as exc:  # the watcher's edge: keep the batch, back off, report
             with self._lock:
                 self.state.pending |= batch
+            if isinstance(exc, ManagerClosedError):
+                raise
+            with self._lock:
                 self.state.failures += 1
                 failures = self.state.failures
             delay_ms = self.retry.delay_ms(failures)

@@ -24,6 +24,7 @@ from urllib.parse import quote, urlsplit
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from fallback.errors import LockTimeoutError, ModelDownloadError
+from fallback.fs import state_dir
 from fallback.fs.atomic import publish_file, write_atomic
 from fallback.fs.lock import PidFileLock
 from fallback.gguf_file import GGUF_MAGIC
@@ -188,12 +189,10 @@ def hub_base_url(env: Mapping[str, str]) -> str:
 
 def default_cache_dir(configured: str | None, env: Mapping[str, str]) -> Path:
     """The model cache: ``local.modelCacheDir`` (``~`` expanded), else ``<stateDir>/models``
-    (``$OPENCLAW_STATE_DIR`` or ``~/.openclaw``, the state dir rule of the whole project)."""
+    (:func:`fallback.fs.state_dir` of ``env``)."""
     if configured and configured.strip():
         return Path(configured.strip()).expanduser().resolve()
-    state = (env.get("OPENCLAW_STATE_DIR") or "").strip()
-    base = Path(state).expanduser().resolve() if state else Path("~/.openclaw").expanduser()
-    return base / "models"
+    return Path(state_dir(env), "models")
 
 
 def format_bytes(n: float) -> str:

@@ -23,8 +23,7 @@ from fallback.store.readonly import ReadOnlyStore
 if TYPE_CHECKING:
     from fallback.store.postgres.seam import PostgresSearchStore
 
-__all__ = ["EngineStore", "open_postgres", "open_store", "read_only_problem",
-           "reopen_after_corruption"]
+__all__ = ["EngineStore", "open_postgres", "open_store", "reopen_after_corruption"]
 
 log = logging.getLogger("fallback.engine.builtin")
 
@@ -94,12 +93,6 @@ def reopen_after_corruption(settings: EngineSettings, exc: IndexStoreCorruptErro
     moved = quarantine_corrupt_store(settings.db_path, verify)
     if moved:
         _note(exc, moved, notes)
-
-
-def read_only_problem(exc: IndexStoreError, settings: EngineSettings) -> str:
-    """``status().last_error`` while the store cannot be written (one line)."""
-    return (f"{exc}; searches answer from the index as it was last written, and memory files "
-            f"are not indexed until {settings.db_path.parent} can be written")
 
 
 class EngineStore:

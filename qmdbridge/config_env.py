@@ -5,16 +5,17 @@ OpenClaw substitutes them (docs/configuration.md, "The config file"), and the st
 Only upper-case names (``[A-Z_][A-Z0-9_]*``) are references; ``$${VAR}`` is the literal text
 ``${VAR}``; an unset or empty variable leaves its reference as written, with a config warning,
 except an API key that is that reference alone: it becomes the variable's SecretRef, so no
-literal ``${VAR}`` is sent as a key. Standard library only (the daemon client stamps a config
-with :func:`env_stamp` before it loads anything).
+literal ``${VAR}`` is sent as a key. Standard library only (and ``fallback.fs``, the state
+folder rule's owner): the daemon client stamps a config with :func:`env_stamp` before it loads anything.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import zlib
 from collections.abc import Mapping
+
+from fallback.fs import state_dir
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the daemon client skips it)
 if TYPE_CHECKING:
@@ -76,7 +77,3 @@ def env_stamp(config_text: str, env: Mapping[str, str]) -> str | None:
     return f"{zlib.crc32(lines.encode('utf-8', 'surrogatepass')):08x}"
 
 
-def state_dir(env: Mapping[str, str]) -> str:
-    """The state folder: ``$OPENCLAW_STATE_DIR`` (``~`` expanded, resolved) or ``~/.openclaw``."""
-    raw = env.get("OPENCLAW_STATE_DIR", "").strip()
-    return os.path.realpath(os.path.expanduser(raw)) if raw else os.path.expanduser("~/.openclaw")

@@ -30,11 +30,7 @@ class LlamaSlot:
 
     async def call(self, fn: Callable[[Any], T]) -> T:
         """``fn(model)`` under the lock in a worker thread (abandoned, not waited for, when
-        cancelled), loading the model first if needed.
-
-        Raises:
-            whatever ``load`` or ``fn`` raise.
-        """
+        cancelled), loading the model first if needed; raises what ``load`` or ``fn`` raise."""
         def run() -> T:
             with self._lock:
                 if self._llama is None:

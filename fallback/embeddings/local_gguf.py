@@ -124,11 +124,7 @@ class LocalGgufProvider(BaseProvider):
 
     async def ensure_model(self) -> Path:
         """Download the model into the cache when it is not there yet (no deadline; a
-        cancelled download resumes next time); returns the file.
-
-        Raises:
-            ModelDownloadError: offline, an HTTP error, or a failed checksum.
-        """
+        cancelled download resumes next time); returns the file. Raises ``ModelDownloadError``."""
         async with self._download_lock:
             if self.download is not None and not self.model_path.is_file():
                 d = self.download

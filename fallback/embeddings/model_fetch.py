@@ -24,6 +24,7 @@ from urllib.parse import quote, urlsplit
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from fallback.errors import LockTimeoutError, ModelDownloadError
+from fallback.fs import state_dir
 from fallback.fs.atomic import publish_file, write_atomic
 from fallback.fs.lock import PidFileLock
 from fallback.gguf_file import GGUF_MAGIC
@@ -188,12 +189,10 @@ def hub_base_url(env: Mapping[str, str]) -> str:
 
 def default_cache_dir(configured: str | None, env: Mapping[str, str]) -> Path:
     """The model cache: ``local.modelCacheDir`` (``~`` expanded), else ``<stateDir>/models``
-    (``$OPENCLAW_STATE_DIR`` or ``~/.openclaw``, the state dir rule of the whole project)."""
+    (:func:`fallback.fs.state_dir` of ``env``)."""
     if configured and configured.strip():
         return Path(configured.strip()).expanduser().resolve()
-    state = (env.get("OPENCLAW_STATE_DIR") or "").strip()
-    base = Path(state).expanduser().resolve() if state else Path("~/.openclaw").expanduser()
-    return base / "models"
+    return Path(state_dir(env), "models")
 
 
 def format_bytes(n: float) -> str:
@@ -419,18 +418,11 @@ def _download(target: Path, cache_dir: Path, uri: str, url: str, expected: _Expe
 
 def fetch_model(model: ModelSpec | ModelRef, cache_dir: Path, *, base_url: str = DEFAULT_HF_ENDPOINT,
                 on_progress: ProgressFn | None = None, attempts: int = DOWNLOAD_ATTEMPTS) -> FetchResult:
-    """Make sure ``model`` is in the cache: return it when there, else download and verify it
-    (blocking; one process downloads a given file at a time, others wait for it).
-
-    Args:
-        model: a :class:`ModelSpec` (its pins are checked) or a bare :class:`ModelRef`.
-        cache_dir: the model cache (:func:`default_cache_dir`).
-        base_url: the hub, e.g. ``https://huggingface.co`` (:func:`hub_base_url`).
-        on_progress: ``on_progress(done_bytes, total_bytes)`` as bytes arrive.
-        attempts: transfers per call; a dropped one is resumed with an HTTP Range request.
-
-    Returns:
-        A :class:`FetchResult`.
+    """Make sure ``model`` (a :class:`ModelSpec`, its pins checked, or a bare :class:`ModelRef`)
+    is in ``cache_dir``: return it when there, else download it from the hub ``base_url`` and
+    verify it (blocking; one process downloads a given file at a time, others wait for it).
+    ``on_progress(done_bytes, total_bytes)`` is told as bytes arrive; ``attempts``: transfers
+    per call, a dropped one resumed with an HTTP Range request.
 
     Raises:
         ModelDownloadError: the hub is unreachable (``offline: ...``) or answers an error, the

@@ -19,7 +19,6 @@ from fallback.embeddings.base import EmbeddingProvider
 from fallback.engine.presearch import (
     STILL_SYNCING,
     IndexState,
-    foreign_index_warning,
     presearch_sync,
     read_index_state,
     run_presearch_sync,
@@ -35,7 +34,7 @@ from fallback.engine.query_vector import (
     on_provider_failure,
     read_index_vectors,
 )
-from fallback.engine.store_open import EngineStore, read_only_problem
+from fallback.engine.store_open import EngineStore
 from fallback.engine.sync_record import failure_doc
 from fallback.errors import (
     BackendTimeoutError,
@@ -509,8 +508,9 @@ class BuiltinEngine:
             if state.held_workspace is not None:
                 state = await anyio.to_thread.run_sync(read_index_state, store, ws, identity)
         if state.held_workspace is not None:  # not re-indexed: not this workspace's memory
-            return SearchOutcome([], [*warnings, foreign_index_warning(
-                str(self.settings.db_path), state.held_workspace, ws)])
+            return SearchOutcome([], [*warnings, (
+                f"index store {self.settings.db_path} holds workspace {state.held_workspace}, not {ws},"
+                " and cannot be re-indexed: no results from it")])
         self.warm_session(request.session_key)
         if keyword_only:
             return self._live_warning(await anyio.to_thread.run_sync(
@@ -640,7 +640,9 @@ class BuiltinEngine:
         errors = await self._errors()
         store, read_only = await self._stores.open_reader()
         live = self._live.snapshot(self._live.check_watcher()) if self._live is not None else None
-        problem = None if read_only is None else read_only_problem(read_only, self.settings)
+        problem = None if read_only is None else (  # the status's last error
+            f"{read_only}; searches answer from the index as it was last written, and memory files "
+            f"are not indexed until {self.settings.db_path.parent} can be written")
         return await anyio.to_thread.run_sync(self._status, store, live, problem, errors)
 
     async def _errors(self, *, read: bool = True) -> tuple[str | None, str | None, dict[str, Any] | None]:

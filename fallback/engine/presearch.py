@@ -1,6 +1,6 @@
 """What a builtin search does with the index before ranking: sync it (in full, or within the
 search's sync budget), answer from it as it is, or answer nothing from it (an index of another
-workspace that could not be re-indexed, :func:`foreign_index_warning`).
+workspace that could not be re-indexed).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fallback.index.identity import WORKSPACE_META, full_reindex_reason, other_w
 from fallback.store.migrations import META_KEY
 from fallback.store.seam import SearchStore
 
-__all__ = ["STILL_SYNCING", "IndexState", "PresearchSync", "foreign_index_warning", "presearch_sync", "read_index_state",
+__all__ = ["STILL_SYNCING", "IndexState", "PresearchSync", "presearch_sync", "read_index_state",
            "run_presearch_sync"]
 
 PresearchSync = Literal["await", "budget"]
@@ -85,9 +85,3 @@ async def run_presearch_sync(state: IndexState, *, synced: bool, dirty: bool, on
             await sync(scope.deadline)
     return "running" if live is not None and synced and dirty and scope.cancelled_caught else "done"
 
-
-def foreign_index_warning(db_path: str, held: str, workspace: str) -> str:
-    """The warning of a search that found the index holding workspace ``held`` and could not
-    re-index it for ``workspace`` (its answer has no hits); one line."""
-    return (f"index store {db_path} holds workspace {held}, not {workspace}, and cannot be "
-            "re-indexed: no results from it")

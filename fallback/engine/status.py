@@ -169,11 +169,8 @@ def _no_vectors(settings: EngineSettings, selection: Any) -> dict[str, Any]:
 
 def unreached_postgres(settings: EngineSettings) -> dict[str, Any]:
     """What :func:`build_postgres_status` shows of a postgres store no connection reached: the
-    target (no password), the schema, ``schemaVersion`` ``None`` and nothing counted.
-
-    Raises:
-        ConfigError: the DSN cannot be parsed.
-    """
+    target (no password), the schema, ``schemaVersion`` ``None``, nothing counted. Raises
+    ``ConfigError``: the DSN cannot be parsed."""
     from fallback.store.postgres.target import resolve_target
 
     st = settings.search.store

@@ -23,16 +23,19 @@ from fallback.store.readonly import ReadOnlyStore
 if TYPE_CHECKING:
     from fallback.store.postgres.seam import PostgresSearchStore
 
-__all__ = ["EngineStore", "open_postgres", "open_store", "read_only_problem",
-           "reopen_after_corruption"]
+__all__ = ["EngineStore", "open_postgres", "open_store", "reopen_after_corruption"]
 
 log = logging.getLogger("fallback.engine.builtin")
 
 
-def _note(exc: IndexStoreError, moved: str, notes: list[str]) -> None:
-    notes.append(f"index store was corrupt ({exc}); moved aside to {moved} and rebuilt from "
-                 "the memory files")
-    log.warning("%s", notes[-1])
+def _move_aside(settings: EngineSettings, exc: IndexStoreError, notes: list[str],
+                opener: Callable[[], Store]) -> None:
+    """Move the corrupt store aside unless ``opener`` opens it now; the move noted in ``notes``."""
+    moved = quarantine_corrupt_store(settings.db_path, opener)
+    if moved:
+        notes.append(f"index store was corrupt ({exc}); moved aside to {moved} and rebuilt from "
+                     "the memory files")
+        log.warning("%s", notes[-1])
 
 
 def open_store(settings: EngineSettings, notes: list[str]) -> Store:
@@ -45,10 +48,8 @@ def open_store(settings: EngineSettings, notes: list[str]) -> Store:
     try:
         return opener()
     except IndexStoreCorruptError as exc:
-        moved = quarantine_corrupt_store(settings.db_path, opener)
-        if moved:
-            _note(exc, moved, notes)
-        return opener()
+        _move_aside(settings, exc, notes, opener)
+    return opener()
 
 
 def open_postgres(settings: EngineSettings) -> PostgresSearchStore:
@@ -91,15 +92,7 @@ def reopen_after_corruption(settings: EngineSettings, exc: IndexStoreCorruptErro
                                          db_path=str(settings.db_path))
         return store
 
-    moved = quarantine_corrupt_store(settings.db_path, verify)
-    if moved:
-        _note(exc, moved, notes)
-
-
-def read_only_problem(exc: IndexStoreError, settings: EngineSettings) -> str:
-    """``status().last_error`` while the store cannot be written (one line)."""
-    return (f"{exc}; searches answer from the index as it was last written, and memory files "
-            f"are not indexed until {settings.db_path.parent} can be written")
+    _move_aside(settings, exc, notes, verify)
 
 
 class EngineStore:

@@ -34,11 +34,7 @@ def _path(db_path: Path, kind: FailureKind) -> Path:
 
 def write_failure(db_path: Path, kind: FailureKind, doc: Mapping[str, Any] | None) -> None:
     """Keep ``doc`` (:func:`failure_doc`) as the ``kind`` record beside the store ``db_path``;
-    ``None`` removes it (blocking).
-
-    Raises:
-        OSError: the record cannot be written (the disk may be too full for it too).
-    """
+    ``None`` removes it (blocking). Raises ``OSError``: it cannot be written."""
     if doc is None:
         with contextlib.suppress(FileNotFoundError):
             _path(db_path, kind).unlink()

@@ -303,12 +303,8 @@ class LocalGgufReranker:
         return value
 
     async def score(self, query: str, documents: list[str]) -> list[float | None]:
-        """Score each (query, document) pair with the model (loaded on first use).
-
-        Raises:
-            RerankerError: the file is missing, llama-cpp-python is missing, the file is not a
-                reranker GGUF, or llama.cpp failed.
-        """
+        """Score each (query, document) pair with the model (loaded on first use). Raises
+        ``RerankerError``: no file or llama-cpp-python, not a reranker GGUF, llama.cpp failed."""
         if not documents:
             return []
         return await self._model.call(lambda llama: [

@@ -16,8 +16,8 @@ from typing import Any
 from fallback.errors import IndexStoreError
 from fallback.store.errors import IndexStoreCorruptError, IndexStoreFullError, IndexStoreReadOnlyError
 
-__all__ = ["BACKUP_MARK", "CORRUPT_BACKUPS_KEPT", "DB_SUFFIXES", "TEMP_MARK",
-           "check_writable", "file_id", "has_leftovers", "leftover_bases", "prune_corrupt_backups",
+__all__ = ["BACKUP_MARK", "CORRUPT_BACKUPS_KEPT", "DB_SUFFIXES", "TEMP_MARK", "check_writable",
+           "file_id", "has_leftovers", "has_wal_frames", "leftover_bases", "prune_corrupt_backups",
            "quarantine_corrupt_store", "read_only_warning", "recover_db_files", "remove_db_files",
            "swap_db_files", "temp_db_path"]
 
@@ -93,7 +93,8 @@ def remove_db_files(db_path: Path) -> None:
             os.remove(f"{db_path}{suffix}")
 
 
-def _has_wal_frames(db_path: Path) -> bool:
+def has_wal_frames(db_path: Path) -> bool:
+    """Whether a ``-wal`` holding frames lies beside ``db_path``."""
     try:
         return os.path.getsize(f"{db_path}-wal") > 0
     except OSError:
@@ -106,7 +107,7 @@ def swap_db_files(temp_path: Path, db_path: Path) -> None:
     (main file first), the temp file renamed onto ``<db>``, then the backup deleted; a failed
     rename puts the backup back and deletes the temp trio. Raises ``IndexStoreError``: the
     temp database still has a write-ahead log, or the files cannot be renamed."""
-    if _has_wal_frames(temp_path):
+    if has_wal_frames(temp_path):
         raise IndexStoreError(f"could not swap in the rebuilt index: {temp_path.name} still has"
                               " a write-ahead log (checkpoint and close it first)",
                               db_path=str(db_path))

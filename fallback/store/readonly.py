@@ -23,6 +23,7 @@ from fallback.store.errors import (
     result_code,
     translate_errors,
 )
+from fallback.store.files import has_wal_frames
 from fallback.store.seam import COLUMN_WEIGHTS, KeywordRow, row_order
 
 __all__ = ["BUSY_TIMEOUT_MS", "IMMUTABLE_QUERY", "MetaReads", "ReadOnlyConnection", "ReadOnlyStore",
@@ -70,9 +71,8 @@ def connect_read_only(path: Path, *, modes: Sequence[str] = ("rw", "ro"),
     Raises ``IndexStoreError`` (typed): the last failure when no way to read the file works.
     """
     base = path.resolve().as_uri()
-    wal = Path(f"{path}-wal")
-    frames = wal.exists() and wal.stat().st_size > 0
-    uris = [f"{base}?mode={m}" for m in modes] + ([] if frames else [f"{base}?{IMMUTABLE_QUERY}"])
+    uris = [f"{base}?mode={m}" for m in modes] + (
+        [] if has_wal_frames(path) else [f"{base}?{IMMUTABLE_QUERY}"])
 
     def probe(uri: str) -> ReadOnlyConnection:
         conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000,

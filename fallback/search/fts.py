@@ -14,7 +14,7 @@ import itertools
 import re
 import unicodedata
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from fallback.text.keywords import STOP_WORDS, contraction_fragments
@@ -28,6 +28,7 @@ __all__ = [
     "COVERAGE_MAX_CHUNKS",
     "TRIGRAM_MIN_CHARS",
     "FtsPlan",
+    "MAX_QUERY_PARTS",
     "FtsQuery",
     "analyze_fts_query",
     "escape_like",
@@ -36,7 +37,8 @@ __all__ = [
 
 # Below this many code points a token cannot be found through a trigram index.
 TRIGRAM_MIN_CHARS = 3
-# Content parts of one query that go into MATCH (a pasted page must not become a huge OR).
+# Content parts of one query that go into MATCH (a pasted page must not become a huge OR);
+# a query with more keeps its rarest (fallback/search/keyword.py), of the first MAX_QUERY_PARTS * 4.
 MAX_QUERY_PARTS = 32
 # NEAR(a b, N): two parts count as close within this many tokens (a short sentence).
 NEAR_DISTANCE = 10
@@ -169,6 +171,13 @@ class FtsQuery:
         """``MATCH`` expressions of the joined forms of adjacent words (``"helloworld"``)."""
         return self._joined
 
+    def narrowed(self, keys: frozenset[str]) -> FtsQuery:
+        """The query with only the parts whose key is in ``keys`` (quoted phrases kept)."""
+        drop = {k for k, _ in self.parts} - keys
+        return replace(self, parts=tuple(p for p in self.parts if p[0] not in drop),
+                       _unique=tuple(p for p in self._unique if p.key not in drop),
+                       _exprs=tuple(p for p in self._exprs if p[0] not in drop))
+
     def plan(self, *, coverage_pairs: bool = True, common: frozenset[str] = frozenset(),
              drop_common: bool = False, unpaired: frozenset[str] = frozenset(),
              absent: frozenset[str] = frozenset()) -> FtsPlan:
@@ -246,7 +255,7 @@ def analyze_fts_query(query: str, *, tokenizer: str = "unicode61") -> FtsQuery |
     seen: dict[str, _Part] = {}
     for p in content:
         seen.setdefault(p.key, p)
-    unique = tuple(seen.values())[:MAX_QUERY_PARTS]
+    unique = tuple(seen.values())[:4 * MAX_QUERY_PARTS]
     exprs = [(p.key, p.expr) for p in unique]
     for m in _QUOTED_RE.finditer(text):
         quoted = [w.lower() for w in word_runs(m.group(1))]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from fallback.search.fts import COVERAGE_MAX_CHUNKS, FtsPlan, analyze_fts_query
+from fallback.search.fts import COVERAGE_MAX_CHUNKS, MAX_QUERY_PARTS, FtsPlan, analyze_fts_query
 from fallback.search.ranking import Candidate
 from fallback.search.snippets import MARK_CLOSE, MARK_OPEN, mark_substrings
 from fallback.search.substring import rank_substring_hits
@@ -60,7 +60,8 @@ def relative_scores(ranks: Sequence[float]) -> list[float]:
 
 def search_plan(store: SearchStore, text: str) -> FtsPlan | None:
     """The FTS plan of ``text`` for this store: the query cut once
-    (:func:`~fallback.search.fts.analyze_fts_query`), its first :data:`COUNTED_PARTS` parts and
+    (:func:`~fallback.search.fts.analyze_fts_query`), its first :data:`COUNTED_PARTS` parts (all
+    of them past ``MAX_QUERY_PARTS``, of which the rarest found in a chunk are kept) and
     its joined forms counted in one statement, and :meth:`~fallback.search.fts.FtsQuery.plan`
     given the parts in half of the chunks or more as ``common`` and those in none as ``absent``
     (the rule: docs/architecture.md, "How the builtin engine searches"). Raises ``IndexStoreError``.
@@ -68,14 +69,17 @@ def search_plan(store: SearchStore, text: str) -> FtsPlan | None:
     query = analyze_fts_query(text, tokenizer=store.fts_tokenizer)
     if query is None or len(query.parts) < 2:
         return None if query is None else query.plan(coverage_pairs=False)
-    counted = query.parts[:COUNTED_PARTS]
+    over = len(query.parts) > MAX_QUERY_PARTS
+    counted = query.parts if over else query.parts[:COUNTED_PARTS]
     exprs = [expr for _, expr in counted] + list(query.joined)
     total, found = store.part_counts(exprs)
-    counts = found[:len(counted)]
-    clamped = frozenset(key for (key, _), n in zip(counted, counts, strict=True) if 2 * n >= total)
+    count = {key: n for (key, _), n in zip(counted, found[:len(counted)], strict=True)}
+    if over:  # a pasted page: its rarest parts found in a chunk (a decisive word may come last)
+        query = query.narrowed(frozenset(sorted(count, key=lambda k: (count[k] == 0, count[k]))[:MAX_QUERY_PARTS]))
     large = total > COVERAGE_MAX_CHUNKS
-    unpaired = frozenset(key for (key, _), n in zip(counted, counts, strict=True)
-                         if large and n >= LARGE_STORE_PAIR_SHARE * total)
+    clamped = frozenset(key for key, _ in query.parts if key in count and 2 * count[key] >= total)
+    unpaired = frozenset(key for key, _ in query.parts
+                         if large and key in count and count[key] >= LARGE_STORE_PAIR_SHARE * total)
     absent = frozenset(e for e, n in zip(exprs, found, strict=True) if n == 0)
     if len(clamped) == len(query.parts):
         return query.plan(coverage_pairs=not large, unpaired=unpaired, absent=absent)

@@ -18,10 +18,11 @@ pytestmark = pytest.mark.postgres
 
 import psycopg
 
-from fallback.search.keyword import keyword_rows, search_plan
+from fallback.search.keyword import keyword_rows, rank_keyword_hits, search_plan
 from fallback.store.db import Store
 from fallback.store.fts_rows import insert_chunk_fts, note_title
 from fallback.store.postgres import store as pg_store
+from fallback.store.postgres.seam import PostgresSearchStore
 from fallback.store.postgres.store import ChunkRow, FileRows, PostgresStore
 from fallback.store.postgres.target import resolve_target
 from fallback.text.chunking import chunk_markdown
@@ -291,6 +292,30 @@ def test_a_plan_with_a_phrase_of_two_words_ranks_its_best_candidates_only(
         assert [r[5] for r in got[:3]] == [f"self care matters to melanie {i}" for i in range(3)]
         assert_ranked_as_fts5(got, want)
         assert 0 < sum(ranked) <= 100, ranked
+    finally:
+        lite.close()
+        pg.close()
+
+
+def test_a_pasted_question_keeps_its_rarest_words_on_both_stores(pg_dsn: str, tmp_path: Path) -> None:
+    """A question of 60 content words, past the 32 a plan searches: its rarest words are kept,
+    so the one word that finds the note, its last, is searched on both stores (it was cut as the
+    61st part of the query in order)."""
+    words = ("budget review meeting quarterly roadmap hiring vendor contract invoice deadline sprint "
+             "backlog release staging deploy rollback incident alert dashboard metrics latency "
+             "throughput database migration schema index replica failover backup restore snapshot "
+             "cluster node pod container image registry pipeline runner artifact cache proxy gateway "
+             "router firewall certificate token secret vault policy audit compliance ticket escalation "
+             "oncall handover runbook postmortem retro").split()
+    assert len(set(words)) == 59
+    files = {**{f"memory/n{i}.md": [(1, 1, " ".join(words))] for i in range(4)},
+             "memory/trip.md": [(1, 1, "The ferry to Zanzibar leaves at noon.")]}
+    lite = build_sqlite(tmp_path / "main.sqlite", files)
+    pg = PostgresSearchStore(build_postgres(pg_dsn, files))
+    try:
+        for store in (lite, pg):
+            hits = rank_keyword_hits(store, " ".join([*words, "zanzibar?"]), ["memory"], 3)
+            assert [h.path for h in hits][:1] == ["memory/trip.md"], store
     finally:
         lite.close()
         pg.close()

@@ -148,7 +148,7 @@ def test_status_and_doctor_report_the_same_problems(ws: Path, env: dict[str, str
         {"check": "memory file", "message": "memory/2026-12-01.md is not indexed: too large (3612 bytes > cap 2000)",
          "hint": "split the file, or raise memorySearch.maxFileBytes"},
         {"check": "memory paths", "message": f"extra path missing: {ws / 'notes'}",
-         "hint": "create it, or fix or remove the entry in memorySearch.extraPaths"}]
+         "hint": "create it, or fix or remove its entry in memorySearch.extraPaths or memory.qmd.paths"}]
     assert status["roots"][0] == {"kind": "root", "path": str(ws / "MEMORY.md"), "pattern": "MEMORY.md", "exists": True}
     assert [(r["kind"], r["path"], r["exists"]) for r in status["roots"][1:]] == [
         ("memory", str(ws / "memory"), True), ("extra", str(ws / "notes"), False),

@@ -133,6 +133,8 @@ def test_doctor_and_status_tell_a_workspace_that_is_a_file_alike(env: dict[str, 
     check = next(c for c in doc["checks"] if c["name"] == "workspace")
     assert f"qmdbridge: {check['detail']}\n" == st.stderr == (
         f"qmdbridge: workspace is not a directory: {ws} (pass --workspace or set agents.defaults.workspace)\n")
+    index = next(c for c in doc["checks"] if c["name"] == "index")  # not "create the workspace" alone
+    assert index["hint"] == f"move the file {ws} away, create the workspace {ws}, then run `qmdbridge index`"
 
 
 def test_status_and_doctor_report_the_same_problems(ws: Path, env: dict[str, str], tmp_path: Path) -> None:

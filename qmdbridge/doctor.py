@@ -123,8 +123,11 @@ def repair_root_memory(ws: Path, *, now: float | None = None) -> str:
 
 
 def _index_hint(ws: Path) -> str:
-    """How to build the first index of ``ws``: ``qmdbridge index``, after creating a missing ``ws``."""
-    return "run `qmdbridge index`" if ws.is_dir() else f"create the workspace {ws}, then run `qmdbridge index`"
+    """How to build the first index of ``ws``: ``qmdbridge index``, after creating a missing ``ws``
+    (after moving a file there out of the way)."""
+    if ws.is_dir():
+        return "run `qmdbridge index`"
+    return f"{f'move the file {ws} away, ' if ws.exists() else ''}create the workspace {ws}, then run `qmdbridge index`"
 
 
 def _check_root(ws: Path, fix: bool) -> Check:

@@ -91,7 +91,7 @@ def _issue_hint(issue: str) -> str | None:
     if "is a symlink (not followed)" in issue:  # a memory folder or an extra path
         return _LINK_FIX
     if issue.startswith("extra path missing"):
-        return "create it, or fix or remove the entry in memorySearch.extraPaths"
+        return "create it, or fix or remove its entry in memorySearch.extraPaths or memory.qmd.paths"
     if issue.startswith("extra path"):  # not Markdown, not a file or folder, the filesystem root
         return "point the entry at a .md file or a folder, or remove it from memorySearch.extraPaths"
     if issue.startswith("memory is not a directory"):

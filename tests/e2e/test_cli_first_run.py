@@ -133,6 +133,8 @@ def test_doctor_and_status_tell_a_workspace_that_is_a_file_alike(env: dict[str, 
     check = next(c for c in doc["checks"] if c["name"] == "workspace")
     assert f"qmdbridge: {check['detail']}\n" == st.stderr == (
         f"qmdbridge: workspace is not a directory: {ws} (pass --workspace or set agents.defaults.workspace)\n")
+    index = next(c for c in doc["checks"] if c["name"] == "index")  # not "create the workspace" alone
+    assert index["hint"] == f"move the file {ws} away, create the workspace {ws}, then run `qmdbridge index`"
 
 
 def test_status_and_doctor_report_the_same_problems(ws: Path, env: dict[str, str], tmp_path: Path) -> None:
@@ -148,7 +150,7 @@ def test_status_and_doctor_report_the_same_problems(ws: Path, env: dict[str, str
         {"check": "memory file", "message": "memory/2026-12-01.md is not indexed: too large (3612 bytes > cap 2000)",
          "hint": "split the file, or raise memorySearch.maxFileBytes"},
         {"check": "memory paths", "message": f"extra path missing: {ws / 'notes'}",
-         "hint": "create it, or fix or remove the entry in memorySearch.extraPaths"}]
+         "hint": "create it, or fix or remove its entry in memorySearch.extraPaths or memory.qmd.paths"}]
     assert status["roots"][0] == {"kind": "root", "path": str(ws / "MEMORY.md"), "pattern": "MEMORY.md", "exists": True}
     assert [(r["kind"], r["path"], r["exists"]) for r in status["roots"][1:]] == [
         ("memory", str(ws / "memory"), True), ("extra", str(ws / "notes"), False),

@@ -117,9 +117,9 @@ async def test_skipped_notes_are_problems_without_a_builtin_sync(tmp_path: Path,
         ("memory file", "memory/x.md is not indexed: binary file (NUL bytes)",
          "memory files are Markdown text; move the file out of the memory folders"),
         ("memory paths", f"extra path missing: {tmp_path / 'later'}",
-         "create it, or fix or remove the entry in memorySearch.extraPaths"),
+         "create it, or fix or remove its entry in memorySearch.extraPaths or memory.qmd.paths"),
         ("memory paths", f"extra path missing: {tmp_path / 'lists' / 'todo.md'}",
-         "create it, or fix or remove the entry in memorySearch.extraPaths")]
+         "create it, or fix or remove its entry in memorySearch.extraPaths or memory.qmd.paths")]
 
 
 async def test_serve_adds_a_custom_collection_once_its_folder_exists(tmp_path: Path,

@@ -116,7 +116,7 @@ class WarmChild:
         self._tasks: BackgroundTasks | None = None
         self._client: McpStdioClient | None = None
         self._calls = anyio.Lock()  # one call in flight at a time (module docstring)
-        self._failed: anyio.Event | None = None  # set by a call whose connection failed
+        self._failed: anyio.Event | None = None
         self._changed: anyio.Event | None = None  # set (and replaced) on every state change
         self._scope: anyio.CancelScope | None = None
         self._closed = False
@@ -225,12 +225,12 @@ class WarmChild:
                     tg.cancel_scope.cancel()
                 else:
                     ready_at = time.monotonic()
+                    failed = self._failed = anyio.Event()  # set by a call whose connection failed
                     self._client, self.state, self.starts = client, "ready", self.starts + 1
                     self._db_ident = db_identity(self._index_db) if self._index_db is not None else None
                     self.ready_at_ms, self.startup_ms = self._now(), int((ready_at - started) * 1000)
                     log.info("qmd mcp child ready (pid %s, stdio, %d ms)", self.pid, self.startup_ms)
                     self._notify()
-                    failed = self._failed = anyio.Event()
                     await failed.wait()
                     tg.cancel_scope.cancel()
         finally:
@@ -299,13 +299,12 @@ class WarmChild:
                     hung_on_timeout: bool = False) -> list[QmdEntry] | None:
         """One ``query`` tool call; ``what`` names it in messages. With ``hung_on_timeout`` a call past
         the deadline also restarts the child (``lex`` searches take milliseconds)."""
-        client = self._client
-        if not self.ready or client is None:
+        client, failed = self._client, self._failed  # both set when the child became ready
+        if not self.ready or client is None or failed is None:
             self.launch()
             self.spawn_fallbacks += 1
             return None
         summary = f"{what} (warm qmd mcp, pid {self.pid})"
-        failed = self._failed
         ident = db_identity(self._index_db) if self._index_db is not None else None
         if self._db_ident is None:
             self._db_ident = ident
@@ -313,8 +312,7 @@ class WarmChild:
             self.spawn_fallbacks += 1
             self._error(f"qmd's index {self._index_db} was replaced since the qmd mcp child (pid "
                         f"{self.pid}) opened it; restarting the child, spawning qmd meanwhile")
-            if failed is not None:
-                failed.set()  # the supervisor kills and restarts this child
+            failed.set()  # the supervisor kills and restarts this child
             return None
         try:
             with anyio.fail_after(max(0, plan.remaining_ms()) / 1000):
@@ -322,14 +320,14 @@ class WarmChild:
                     structured = await client.call_tool("query", args)
             entries = entries_from_mcp(structured)
         except TimeoutError:
-            if hung_on_timeout and failed is not None:
+            if hung_on_timeout:
                 self._error(f"{summary} did not answer within {plan.timeout_ms} ms; restarting it")
                 failed.set()  # the supervisor kills and restarts this child
             raise plan.timeout(summary) from None
         except QmdMcpError as exc:
             self.spawn_fallbacks += 1
             self._error(f"{exc.reason}; spawning qmd for this search")
-            if exc.transport and failed is not None:
+            if exc.transport:
                 failed.set()  # the supervisor kills and restarts this child
             return None
         self.answered += 1

@@ -192,10 +192,9 @@ class QmdBackend:
         """
         self._check_open()
         if not self._prepared:
-            for warning in await anyio.to_thread.run_sync(partial(
-                    prepare_home, self.home, parent_env=self._parent_env,
-                    workspace=self.agent.workspace_dir, collections=self.collections)):
-                log.warning("%s", warning)
+            await anyio.to_thread.run_sync(partial(prepare_home, self.home, parent_env=self._parent_env,
+                                                   workspace=self.agent.workspace_dir,
+                                                   collections=self.collections))
             self._prepared = True
 
     async def start(self, tasks: BackgroundTasks | None = None, *, boot_update: bool = True) -> None:

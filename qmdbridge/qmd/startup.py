@@ -32,22 +32,22 @@ log = logging.getLogger("qmdbridge.qmd.backend")
 
 
 def prepare_home(home: QmdHome, *, parent_env: Mapping[str, str], workspace: Path,
-                 collections: list[ManagedCollection]) -> list[str]:
-    """Create the qmd home (per-agent XDG folders), the workspace and the sessions folder (blocking);
-    returns warnings about the home, for the log.
+                 collections: list[ManagedCollection]) -> None:
+    """Create the qmd home (per-agent XDG folders; what fails there is logged), the workspace and
+    the sessions folder (blocking).
 
     Raises:
-        BackendUnavailableError: a folder cannot be created.
+        BackendUnavailableError: the workspace or the sessions folder cannot be created.
     """
+    for warning in ensure_home(home, parent_env=parent_env):
+        log.warning("%s", warning)
     try:
-        warnings = list(ensure_home(home, parent_env=parent_env) or [])
         workspace.mkdir(parents=True, exist_ok=True)
         for c in collections:
             if c.kind == "sessions":
                 c.path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise BackendUnavailableError("qmd", f"cannot create the qmd home {home.qmd_dir}: {exc}") from exc
-    return warnings
 
 
 def reconcile_fingerprint(collections: list[ManagedCollection], qmd_version: str | None,

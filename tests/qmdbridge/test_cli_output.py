@@ -65,3 +65,24 @@ def test_the_fallback_note_says_qmd_unavailable_once(capsys: pytest.CaptureFixtu
     print_search_doc({"backend": "builtin", "mode": "fts-only", "results": [], "warnings": [],
                       "fallback": {"from": "qmd", "reason": reason}}, keyword_notice=False)
     assert capsys.readouterr().err == note
+
+
+def test_the_parsers_choices_are_their_owners_values() -> None:
+    """The parser stays standard library only (a served search loads no owner), so its choices
+    are written out: they must be the owners' values, in the owners' order."""
+    import argparse
+    from typing import get_args
+
+    from qmdbridge.cli.main import build_parser
+    from qmdbridge.config import QmdConfig
+    from qmdbridge.evaluation.runner import EvalBackend
+    from qmdbridge.manager import BackendName
+    from qmdbridge.policy.corpus import GET_CORPORA, SEARCH_CORPORA
+
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    choices = {(name, flag): tuple(action.choices) for name, command in sub.choices.items()
+               for action in command._actions if action.choices for flag in action.option_strings}
+    assert choices[("search", "--corpus")] == SEARCH_CORPORA and choices[("get", "--corpus")] == GET_CORPORA
+    assert choices[("eval", "--qmd-search-mode")] == get_args(QmdConfig.model_fields["search_mode"].annotation)
+    assert {v for (_, flag), v in choices.items() if flag == "--backend"} == {get_args(EvalBackend)}
+    assert set(get_args(EvalBackend)) == set(get_args(BackendName)) - {"none"}

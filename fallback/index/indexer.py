@@ -338,20 +338,15 @@ class Indexer:
         skipped.extend(read_notes(mf, read))
         if known_hash == read.content_hash:
             await self._write(store, partial(_in_transaction, store, _touch_file, mf, read))
-        else:
-            await self._index_file(store, mf, read, report, line_map=line_map)
-        return True
-
-    async def _index_file(self, store: Store, mf: MemoryFile, content: FileContent,
-                          report: SyncReport, *, line_map: list[int] | None = None) -> None:
-        chunks = file_chunks(self.settings, mf, content.text, line_map=line_map, model=self._model)
+            return True
+        chunks = file_chunks(self.settings, mf, read.text, line_map=line_map, model=self._model)
         vectors: list[list[list[float]]] = [[] for _ in chunks]
-        if self.provider is not None and chunks:
-            assert self._step is not None
+        if self._step is not None and chunks:
             vectors = await self._step.window_vectors(store, [c for _, c in chunks], report)
-        await self._write(store, partial(self._write_file, store, mf, content, chunks, vectors))
+        await self._write(store, partial(self._write_file, store, mf, read, chunks, vectors))
         report.files_indexed += 1
         report.chunks_written += len(chunks)
+        return True
 
     def _report_progress(self, report: SyncReport) -> None:
         if self.on_progress is not None:
@@ -385,14 +380,12 @@ class Indexer:
                 _delete_rows(conn, mf.rel_path, mf.source)
             written: list[tuple[int, str]] = []
             for (cid, c), windows in zip(chunks, vectors, strict=True):
-                packed = pack_windows(windows)
                 cur = conn.execute(
                     "INSERT OR REPLACE INTO chunks(id, path, source, start_line, end_line, hash,"
                     " model, text, vector, dims, updated_at)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (cid, mf.rel_path, mf.source, c.start_line, c.end_line,
-                     c.content_hash, self._model, c.text,
-                     packed[0] if packed else None, packed[1] if packed else None, now))
+                    (cid, mf.rel_path, mf.source, c.start_line, c.end_line, c.content_hash,
+                     self._model, c.text, *(pack_windows(windows) or (None, None)), now))
                 if cur.lastrowid is not None:
                     written.append((cur.lastrowid, c.text))
             if fts_ok:

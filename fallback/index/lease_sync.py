@@ -16,11 +16,10 @@ from fallback.errors import MemorySearchError
 from fallback.index import embedding_cache
 from fallback.index.embedding_step import EmbeddingStep
 from fallback.index.identity import FTS_ONLY_MODEL
-from fallback.index.indexer import discover, file_chunks, read_file, read_notes
+from fallback.index.indexer import discover, file_chunks, read_file
 from fallback.index.report import SyncReport
 from fallback.settings import EngineSettings
 from fallback.skipped import SkippedFile
-from fallback.sources.file_text import VANISHED
 from fallback.sources.memory_files import MemoryFile
 from fallback.store.errors import IndexStoreLockedError
 from fallback.store.fts_rows import note_title
@@ -92,14 +91,10 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
         active: set[tuple[str, str]] = set()
         batch: list[FileRows] = []
         for mf in files:
-            read, line_map = read_file(mf, s.max_file_bytes)
-            report.files_read += 1
-            if isinstance(read, SkippedFile):
-                if read.reason != VANISHED:
-                    skipped.append(read)
+            read, line_map = read_file(mf, s.max_file_bytes, report, skipped)
+            if read is None:
                 continue
             active.add((mf.source, mf.rel_path))
-            skipped.extend(read_notes(mf, read))
             if not force and held[mf.source].get(mf.rel_path) == held_hash(
                     read.content_hash, model=model, complete=True):
                 continue

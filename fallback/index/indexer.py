@@ -114,8 +114,6 @@ class Indexer:
             paths: absolute paths a watcher saw change (only those are re-indexed when each
                 can be judged on its own).
 
-        Returns: A :class:`SyncReport`.
-
         Raises:
             IndexStoreError: the store is locked, read-only or corrupt.
             EmbeddingProviderError: the provider changed its vector size twice in a rebuild.

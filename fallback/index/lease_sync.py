@@ -79,8 +79,7 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
     files: list[MemoryFile] = [*found.files, *transcripts]
     report.files_total = len(files)
     model = provider.model if provider is not None else FTS_ONLY_MODEL
-    lease = store.sync_lease(wait_ms=wait_ms)
-    if lease is None:
+    if (lease := store.sync_lease(wait_ms=wait_ms)) is None:
         raise IndexStoreLockedError(store.busy_reason or "another sync holds the lease")
     # the first sync of an agent reads the cache of its SQLite store too (if it had one)
     local = settings.db_path if lease.published == 0 else None
@@ -120,13 +119,13 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
                 lease.delete_file(path, source)
                 report.files_deleted += 1
         lease.publish(skipped=[(f.path, f.reason) for f in skipped])
-    if step is not None and s.cache.enabled:  # bounded as the SQLite store's cache is
-        try:
-            store.store.prune_embedding_cache(s.cache.max_entries, used=sorted(used),
-                                              fingerprint=embedding_cache.fingerprint(step.provider))
-        except MemorySearchError as exc:  # the sync is published; a cache over its cap waits
-            log.warning("the shared embedding cache was not pruned: %s", exc)
     if step is not None:
+        if s.cache.enabled:  # bounded as the SQLite store's cache is
+            try:
+                store.store.prune_embedding_cache(s.cache.max_entries, used=sorted(used),
+                                                  fingerprint=embedding_cache.fingerprint(step.provider))
+            except MemorySearchError as exc:  # the sync is published; a cache over its cap waits
+                log.warning("the shared embedding cache was not pruned: %s", exc)
         report.embedding_error = str(step.error) if step.error is not None else None
         report.embedding_exception = step.error
     report.skipped = skipped
@@ -137,7 +136,6 @@ def _step(settings: EngineSettings, store: PostgresSearchStore, provider: Embedd
           deadline: float | None, local: Path | None, used: set[str]) -> EmbeddingStep:
     """The SQLite sync's embedding step over the postgres store's shared cache; the cache hits
     are added to ``used`` (marked used once, when the sync prunes the cache)."""
-    cache = settings.search.cache.enabled
     key = embedding_cache.fingerprint(provider)
 
     async def commit(pg: Any, fresh: dict[str, list[float]], hits: list[str]) -> None:
@@ -148,7 +146,7 @@ def _step(settings: EngineSettings, store: PostgresSearchStore, provider: Embedd
         return None
 
     return EmbeddingStep(provider, write=no_write, commit=commit, on_batch=lambda _report: None,
-                         cache_enabled=cache, deadline=deadline, index_dims=None,
+                         cache_enabled=settings.search.cache.enabled, deadline=deadline, index_dims=None,
                          lookup=partial(embedding_cache.lookup_shared, local=local))
 
 

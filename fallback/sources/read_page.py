@@ -242,9 +242,6 @@ def resolve_memory_path(workspace: Path, extra_paths: Sequence[ExtraPathEntry],
         extra_paths: configured extra paths.
         rel_path: workspace-relative, ``/`` separators (``../...`` outside the workspace).
 
-    Returns:
-        A :class:`ResolvedMemoryPath`.
-
     Raises:
         PathRefusedError: with one of the reasons in the module docstring.
     """

@@ -48,8 +48,6 @@ class DimensionsChanged(Exception):  # noqa: N818 - a signal between two modules
 
     def __init__(self, old: int, new: int) -> None:
         super().__init__(f"embedding dimensions changed ({old} -> {new})")
-        self.old = old
-        self.new = new
 
 
 class EmbeddingStep:

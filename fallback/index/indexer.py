@@ -51,7 +51,7 @@ from fallback.text.chunking import Chunk, chunk_markdown, remap_lines
 from fallback.text.path_names import has_escapes, parse_printable_path
 
 __all__ = ["FTS_ONLY_MODEL", "Indexer", "SyncReport", "chunk_id", "discover", "file_chunks",
-           "full_reindex_reason", "index_identity", "read_file", "read_notes"]
+           "full_reindex_reason", "index_identity", "read_file"]
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +113,6 @@ class Indexer:
             force: rebuild everything, into a temporary database.
             paths: absolute paths a watcher saw change (only those are re-indexed when each
                 can be judged on its own).
-
-        Returns: A :class:`SyncReport`.
 
         Raises:
             IndexStoreError: the store is locked, read-only or corrupt.
@@ -327,31 +325,24 @@ class Indexer:
                          known_hash: str | None, skipped: list[SkippedFile]) -> bool:
         """Read ``mf`` and write it (only its stamps when its content hash is ``known_hash``);
         False when it vanished or is skipped (then in ``skipped``, with the stamps read at)."""
+        count = len(skipped)
         read, line_map = await anyio.to_thread.run_sync(
-            read_file, mf, self.settings.search.max_file_bytes)
-        report.files_read += 1
-        if isinstance(read, SkippedFile):
-            if read.reason != VANISHED:
-                skipped.append(read)
+            read_file, mf, self.settings.search.max_file_bytes, report, skipped)
+        if read is None:
+            if len(skipped) > count:  # read and skipped: keep the stamps it was read at
                 self._skip_stamps[(mf.source, mf.rel_path)] = file_stamp(mf)
             return False
-        skipped.extend(read_notes(mf, read))
         if known_hash == read.content_hash:
             await self._write(store, partial(_in_transaction, store, _touch_file, mf, read))
-        else:
-            await self._index_file(store, mf, read, report, line_map=line_map)
-        return True
-
-    async def _index_file(self, store: Store, mf: MemoryFile, content: FileContent,
-                          report: SyncReport, *, line_map: list[int] | None = None) -> None:
-        chunks = file_chunks(self.settings, mf, content.text, line_map=line_map, model=self._model)
+            return True
+        chunks = file_chunks(self.settings, mf, read.text, line_map=line_map, model=self._model)
         vectors: list[list[list[float]]] = [[] for _ in chunks]
-        if self.provider is not None and chunks:
-            assert self._step is not None
+        if self._step is not None and chunks:
             vectors = await self._step.window_vectors(store, [c for _, c in chunks], report)
-        await self._write(store, partial(self._write_file, store, mf, content, chunks, vectors))
+        await self._write(store, partial(self._write_file, store, mf, read, chunks, vectors))
         report.files_indexed += 1
         report.chunks_written += len(chunks)
+        return True
 
     def _report_progress(self, report: SyncReport) -> None:
         if self.on_progress is not None:
@@ -385,14 +376,12 @@ class Indexer:
                 _delete_rows(conn, mf.rel_path, mf.source)
             written: list[tuple[int, str]] = []
             for (cid, c), windows in zip(chunks, vectors, strict=True):
-                packed = pack_windows(windows)
                 cur = conn.execute(
                     "INSERT OR REPLACE INTO chunks(id, path, source, start_line, end_line, hash,"
                     " model, text, vector, dims, updated_at)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (cid, mf.rel_path, mf.source, c.start_line, c.end_line,
-                     c.content_hash, self._model, c.text,
-                     packed[0] if packed else None, packed[1] if packed else None, now))
+                    (cid, mf.rel_path, mf.source, c.start_line, c.end_line, c.content_hash,
+                     self._model, c.text, *(pack_windows(windows) or (None, None)), now))
                 if cur.lastrowid is not None:
                     written.append((cur.lastrowid, c.text))
             if fts_ok:
@@ -443,12 +432,28 @@ def discover(settings: EngineSettings) -> tuple[Discovery, list[MemoryFile], lis
     return found, transcripts, issues
 
 
-def read_file(mf: MemoryFile, max_file_bytes: int) -> tuple[FileContent | SkippedFile, list[int] | None]:
-    """Read a discovered file as a sync indexes it (blocking): its content, or why it is skipped,
-    and for a transcript the JSONL line of each line of its text."""
-    if mf.source == "sessions":
-        return read_session_text(mf)
-    return read_memory_text(mf, max_file_bytes=max_file_bytes), None
+def read_file(mf: MemoryFile, max_file_bytes: int, report: SyncReport,
+              skipped: list[SkippedFile]) -> tuple[FileContent | None, list[int] | None]:
+    """Read a discovered file as a sync indexes it (blocking; counted in ``report.files_read``):
+    its content and, for a transcript, the JSONL line of each line of its text; ``(None, None)``
+    when it vanished or is skipped. Its skip, or the caveats of a file that is indexed (a name
+    shown with escapes, invalid UTF-8 replaced, NUL bytes stripped; kept in ``skipped_files``
+    while the file is unchanged), are added to ``skipped``."""
+    read, line_map = (read_session_text(mf) if mf.source == "sessions"
+                      else (read_memory_text(mf, max_file_bytes=max_file_bytes), None))
+    report.files_read += 1
+    if isinstance(read, SkippedFile):
+        if read.reason != VANISHED:
+            skipped.append(read)
+        return None, None
+    if has_escapes(mf.rel_path):
+        utf8 = not any("\udc80" <= ch <= "\udcff" for ch in parse_printable_path(mf.rel_path))
+        skipped.append(SkippedFile(path=mf.rel_path, reason=CONTROL_NAME_NOTE if utf8 else ESCAPED_NAME_NOTE))
+    if read.invalid_utf8:
+        skipped.append(SkippedFile(path=mf.rel_path, reason=INVALID_UTF8_NOTE))
+    if read.nul_bytes:
+        skipped.append(SkippedFile(path=mf.rel_path, reason=NUL_BYTES_NOTE.format(count=read.nul_bytes)))
+    return read, line_map
 
 
 def file_chunks(settings: EngineSettings, mf: MemoryFile, text: str, *,
@@ -465,21 +470,6 @@ def file_chunks(settings: EngineSettings, mf: MemoryFile, text: str, *,
                                 end_line=chunk.end_line, content_hash=chunk.content_hash,
                                 model=model), chunk)
     return list(out.items())
-
-
-def read_notes(mf: MemoryFile, read: FileContent) -> list[SkippedFile]:
-    """Caveats of a file that is indexed: a name shown with escapes, invalid UTF-8 replaced,
-    NUL bytes stripped (kept in ``skipped_files`` while the file is unchanged)."""
-    notes = []
-    if has_escapes(mf.rel_path):
-        utf8 = not any("\udc80" <= ch <= "\udcff" for ch in parse_printable_path(mf.rel_path))
-        notes.append(SkippedFile(path=mf.rel_path, reason=CONTROL_NAME_NOTE if utf8 else ESCAPED_NAME_NOTE))
-    if read.invalid_utf8:
-        notes.append(SkippedFile(path=mf.rel_path, reason=INVALID_UTF8_NOTE))
-    if read.nul_bytes:
-        notes.append(SkippedFile(path=mf.rel_path,
-                                 reason=NUL_BYTES_NOTE.format(count=read.nul_bytes)))
-    return notes
 
 
 def _in_transaction(store: Store, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

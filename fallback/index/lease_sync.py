@@ -16,11 +16,10 @@ from fallback.errors import MemorySearchError
 from fallback.index import embedding_cache
 from fallback.index.embedding_step import EmbeddingStep
 from fallback.index.identity import FTS_ONLY_MODEL
-from fallback.index.indexer import discover, file_chunks, read_file, read_notes
+from fallback.index.indexer import discover, file_chunks, read_file
 from fallback.index.report import SyncReport
 from fallback.settings import EngineSettings
 from fallback.skipped import SkippedFile
-from fallback.sources.file_text import VANISHED
 from fallback.sources.memory_files import MemoryFile
 from fallback.store.errors import IndexStoreLockedError
 from fallback.store.fts_rows import note_title
@@ -80,8 +79,7 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
     files: list[MemoryFile] = [*found.files, *transcripts]
     report.files_total = len(files)
     model = provider.model if provider is not None else FTS_ONLY_MODEL
-    lease = store.sync_lease(wait_ms=wait_ms)
-    if lease is None:
+    if (lease := store.sync_lease(wait_ms=wait_ms)) is None:
         raise IndexStoreLockedError(store.busy_reason or "another sync holds the lease")
     # the first sync of an agent reads the cache of its SQLite store too (if it had one)
     local = settings.db_path if lease.published == 0 else None
@@ -92,14 +90,10 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
         active: set[tuple[str, str]] = set()
         batch: list[FileRows] = []
         for mf in files:
-            read, line_map = read_file(mf, s.max_file_bytes)
-            report.files_read += 1
-            if isinstance(read, SkippedFile):
-                if read.reason != VANISHED:
-                    skipped.append(read)
+            read, line_map = read_file(mf, s.max_file_bytes, report, skipped)
+            if read is None:
                 continue
             active.add((mf.source, mf.rel_path))
-            skipped.extend(read_notes(mf, read))
             if not force and held[mf.source].get(mf.rel_path) == held_hash(
                     read.content_hash, model=model, complete=True):
                 continue
@@ -125,13 +119,13 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
                 lease.delete_file(path, source)
                 report.files_deleted += 1
         lease.publish(skipped=[(f.path, f.reason) for f in skipped])
-    if step is not None and s.cache.enabled:  # bounded as the SQLite store's cache is
-        try:
-            store.store.prune_embedding_cache(s.cache.max_entries, used=sorted(used),
-                                              fingerprint=embedding_cache.fingerprint(step.provider))
-        except MemorySearchError as exc:  # the sync is published; a cache over its cap waits
-            log.warning("the shared embedding cache was not pruned: %s", exc)
     if step is not None:
+        if s.cache.enabled:  # bounded as the SQLite store's cache is
+            try:
+                store.store.prune_embedding_cache(s.cache.max_entries, used=sorted(used),
+                                                  fingerprint=embedding_cache.fingerprint(step.provider))
+            except MemorySearchError as exc:  # the sync is published; a cache over its cap waits
+                log.warning("the shared embedding cache was not pruned: %s", exc)
         report.embedding_error = str(step.error) if step.error is not None else None
         report.embedding_exception = step.error
     report.skipped = skipped
@@ -142,7 +136,6 @@ def _step(settings: EngineSettings, store: PostgresSearchStore, provider: Embedd
           deadline: float | None, local: Path | None, used: set[str]) -> EmbeddingStep:
     """The SQLite sync's embedding step over the postgres store's shared cache; the cache hits
     are added to ``used`` (marked used once, when the sync prunes the cache)."""
-    cache = settings.search.cache.enabled
     key = embedding_cache.fingerprint(provider)
 
     async def commit(pg: Any, fresh: dict[str, list[float]], hits: list[str]) -> None:
@@ -153,7 +146,7 @@ def _step(settings: EngineSettings, store: PostgresSearchStore, provider: Embedd
         return None
 
     return EmbeddingStep(provider, write=no_write, commit=commit, on_batch=lambda _report: None,
-                         cache_enabled=cache, deadline=deadline, index_dims=None,
+                         cache_enabled=settings.search.cache.enabled, deadline=deadline, index_dims=None,
                          lookup=partial(embedding_cache.lookup_shared, local=local))
 
 

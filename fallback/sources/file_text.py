@@ -155,14 +155,12 @@ def is_binary_path(path: Path, *, max_bytes: int) -> bool:
     as discovery opens it: no symlink, no blocking); ``False`` when it cannot be opened or read."""
     try:
         fd = os.open(path, NOFOLLOW_READ)
+        try:
+            return is_binary_file(fd, max_bytes=max_bytes)
+        finally:
+            os.close(fd)
     except OSError:
         return False
-    try:
-        return is_binary_file(fd, max_bytes=max_bytes)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def list_session_files(sessions_dir: Path) -> tuple[list[MemoryFile], str | None]:

@@ -241,10 +241,7 @@ def root_memory_file(workspace: Path) -> RootFile:
         return RootFile(None, False)
     usable: list[str] = []
     symlinked: list[str] = []
-    for name in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE):
-        entry = entries.get(name)
-        if entry is None:
-            continue
+    for name, entry in sorted(entries.items(), key=lambda item: item[0] != ROOT_MEMORY_FILE):
         try:
             if entry.is_symlink():
                 symlinked.append(name)

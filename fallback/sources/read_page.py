@@ -242,9 +242,6 @@ def resolve_memory_path(workspace: Path, extra_paths: Sequence[ExtraPathEntry],
         extra_paths: configured extra paths.
         rel_path: workspace-relative, ``/`` separators (``../...`` outside the workspace).
 
-    Returns:
-        A :class:`ResolvedMemoryPath`.
-
     Raises:
         PathRefusedError: with one of the reasons in the module docstring.
     """
@@ -464,17 +461,16 @@ def _read_page(read: Callable[[], tuple[str, int] | None], *, shown: str, displa
          "truncated": truncated, "next_from": next_from})
 
 
-def _file_page(base: Path, inner: Sequence[str], *, shown: str, display: str, follow_base: bool,
-               from_line: int | None, lines: int | None, max_chars: int = DEFAULT_READ_MAX_CHARS,
-               backend: str, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-               from_char: int | None = None) -> MemoryReadResult:
-    """:func:`_read_page` of the memory file ``base/inner`` (opened by :func:`open_memory_file`)."""
+def _file_page(at: ResolvedMemoryPath, *, shown: str, from_line: int | None, lines: int | None,
+               max_chars: int = DEFAULT_READ_MAX_CHARS, backend: str,
+               max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, from_char: int | None = None) -> MemoryReadResult:
+    """:func:`_read_page` of the memory file ``at`` (opened by :func:`open_memory_file`)."""
     start, count = _page_window(from_line, lines)
     # a stream reads as many more code points as the page skips of its first line
     budget = max(1, int(max_chars)) + max(1, int(from_char or 1)) - 1
     return _read_page(lambda: _read_text(
-        open_memory_file(base, inner, shown=shown, follow_base=follow_base), start, count,
-        budget, max_file_bytes), shown=shown, display=display,
+        open_memory_file(at.base, at.inner, shown=shown, follow_base=at.follow_base), start, count,
+        budget, max_file_bytes), shown=shown, display=at.display,
         from_line=from_line, lines=lines, max_chars=max_chars, backend=backend, from_char=from_char)
 
 
@@ -505,11 +501,9 @@ def read_memory_page(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel
     if sessions_dir is not None and (name := transcript_name(rel_path)) is not None:
         return _transcript_page(sessions_dir, name, rel_path, from_line=from_line, lines=lines,
                                 max_chars=max_chars, from_char=from_char)
-    resolved = resolve_memory_path(workspace, extra_paths, rel_path)
-    return _file_page(resolved.base, resolved.inner, shown=rel_path, display=resolved.display,
-                      follow_base=resolved.follow_base, from_line=from_line, lines=lines,
-                      max_chars=max_chars, backend="builtin", max_file_bytes=max_file_bytes,
-                      from_char=from_char)
+    return _file_page(resolve_memory_path(workspace, extra_paths, rel_path), shown=rel_path,
+                      from_line=from_line, lines=lines, max_chars=max_chars, backend="builtin",
+                      max_file_bytes=max_file_bytes, from_char=from_char)
 
 
 def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: bool,
@@ -533,7 +527,7 @@ def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: 
     if not root.admits(rel):
         raise _encoded(shown) or PathRefusedError(
             shown, _why_not(root, rel) if root.kind != "root" else "not a memory path")
-    return _file_page(root.path, segments, shown=shown, display=shown, follow_base=follow_base,
+    return _file_page(ResolvedMemoryPath(root.path, tuple(segments), shown, follow_base), shown=shown,
                       from_line=from_line, lines=lines, backend=backend, from_char=from_char)
 
 

@@ -201,8 +201,6 @@ def word_start(text: str, start: int, end: int) -> int:
 def _line_segments(line: str, *, max_chars: int, tokens: int) -> list[str]:
     """Cut one line into segments weighing at most ``max_chars`` (CJK-heavy ones re-cut into
     ``tokens`` code points), after a word when one fits."""
-    if not line:
-        return [""]
     if len(line) <= max_chars and text_weight(line) <= max_chars:
         return [line]
     segments: list[str] = []
@@ -216,8 +214,6 @@ def _line_segments(line: str, *, max_chars: int, tokens: int) -> list[str]:
 
 def _carry_overlap(buffer: list[tuple[str, int]], *, window: int) -> tuple[list[tuple[str, int]], int]:
     """The trailing whole segments of ``buffer`` that fit in ``window``, and their size."""
-    if window <= 0:
-        return [], 0
     kept: list[tuple[str, int]] = []
     total = 0
     for seg, line_no in reversed(buffer):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import itertools
 import re
 import unicodedata
 from collections.abc import Iterator
@@ -151,28 +152,18 @@ def date_mentions(text: str) -> list[DateMention]:
         if (y is None or (found and start < found[-1].end) or before.isalnum()
                 or before in "._-"):
             continue
-        mention = None
-        for pattern in _date_forms()[0]:
-            m = pattern.match(text, y.start())
-            if m is not None:
-                terms = _canonical(int(m["year"]), int(m["num"]),
-                                   int(m["day"]) if "day" in m.groupdict() else None)
-                if terms is not None:
-                    mention = DateMention(m.start(), m.end(), terms)
-                    break
-        if mention is None:
-            lo = max(found[-1].end if found else 0, y.start() - _LOOKBACK_CHARS)
-            for pattern in _date_forms()[1]:
-                m = pattern.search(text, lo, y.end())
-                if m is not None:
-                    groups = m.groupdict()
-                    day = int(groups["day"]) if groups.get("day") else None
-                    terms = _canonical(int(m["year"]), _MONTHS[m["mon"].lower()], day)
-                    if terms is not None:
-                        mention = DateMention(m.start(), m.end(), terms)
-                        break
-        if mention is not None:
-            found.append(mention)
+        from_year, to_year = _date_forms()
+        lo = max(found[-1].end if found else 0, y.start() - _LOOKBACK_CHARS)
+        for m in itertools.chain((p.match(text, y.start()) for p in from_year),
+                                 (p.search(text, lo, y.end()) for p in to_year)):
+            if m is None:
+                continue
+            g = m.groupdict()
+            month = int(g["num"]) if g.get("num") else _MONTHS[g["mon"].lower()]
+            terms = _canonical(int(g["year"]), month, int(g["day"]) if g.get("day") else None)
+            if terms is not None:
+                found.append(DateMention(m.start(), m.end(), terms))
+                break
     return found
 
 

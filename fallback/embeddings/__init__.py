@@ -78,11 +78,8 @@ class ProviderSelection:
 def create_provider(name: str, settings: MemorySearchSettings, *,
                     env: Mapping[str, str] | None = None,
                     registry: Mapping[str, ProviderFactory] | None = None) -> EmbeddingProvider:
-    """Create provider ``name`` from ``settings`` (no network call).
-
-    Raises:
-        EmbeddingProviderUnavailableError: unknown name, missing key, missing model file...
-    """
+    """Create provider ``name`` from ``settings`` (no network call). Raises
+    ``EmbeddingProviderUnavailableError``: unknown name, missing key, missing model file..."""
     factories = PROVIDERS if registry is None else registry
     factory = factories.get(name)
     if factory is None and name in get_args(ProviderName):  # a name OpenClaw's config takes

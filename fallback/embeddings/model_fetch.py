@@ -154,10 +154,7 @@ class _Dropped(Exception):
 
 def parse_hf_uri(uri: str) -> ModelRef:
     """Split ``hf:<owner>/<repo>/<file>.gguf`` (the file may sit in folders of the repository).
-
-    Raises:
-        ValueError: not of that form (the message says which form is expected).
-    """
+    Raises ``ValueError``: not of that form (the message says which form is expected)."""
     text = uri.strip()
     parts = text[len(HF_URI_PREFIX):].split("/") if text.startswith(HF_URI_PREFIX) else []
     if (len(parts) < 3 or not all(_SEGMENT_RE.fullmatch(p) for p in parts)
@@ -168,10 +165,7 @@ def parse_hf_uri(uri: str) -> ModelRef:
 
 def find_model(name_or_uri: str) -> ModelSpec | ModelRef:
     """A known model by name (``bge-small-en-v1.5``) or URI, else the parsed ``hf:`` URI.
-
-    Raises:
-        ValueError: neither a known name nor an ``hf:`` URI.
-    """
+    Raises ``ValueError``: neither a known name nor an ``hf:`` URI."""
     text = name_or_uri.strip()
     if text in KNOWN_MODELS:
         return KNOWN_MODELS[text]

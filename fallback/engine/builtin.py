@@ -524,17 +524,9 @@ class BuiltinEngine:
         candidates = candidate_count(limit, q.hybrid.candidate_multiplier)
         searcher = self._searcher(request.explain)
         shared = await anyio.to_thread.run_sync(self._shared_scopes, srcs)
-        outcomes: list[SearchOutcome] = []
         ranked: dict[str, list[MemorySearchResult] | MemorySearchError] = {}
-        failed: list[MemorySearchError] = []  # the own scope's failure is the search's
+        failed: MemorySearchError | None = None
         at_once = anyio.CapacityLimiter(SHARED_SEARCHES_AT_ONCE)
-
-        async def rank_own() -> None:
-            try:
-                outcomes.append(await searcher.run(store, prepared, text, srcs, candidates, floor, limit))
-            except MemorySearchError as exc:
-                failed.append(exc)
-                tg.cancel_scope.cancel()
 
         async def rank_shared(owner: str, scope: PostgresSearchStore) -> None:
             ranker = self._searcher(request.explain, vector_index=partial(shared.__getitem__, owner))
@@ -548,12 +540,15 @@ class BuiltinEngine:
                     ranked[owner] = found.results
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(rank_own)
             for owner, scope in shared.items():
                 tg.start_soon(rank_shared, owner, scope)
-        if failed:
-            raise failed[0]
-        outcome = outcomes[0]
+            try:  # the own scope's failure is the search's (raised in here it would be grouped)
+                outcome = await searcher.run(store, prepared, text, srcs, candidates, floor, limit)
+            except MemorySearchError as exc:
+                failed = exc
+                tg.cancel_scope.cancel()
+        if failed is not None:
+            raise failed
         left_out: list[str] = []
         if shared:
             results, left_out = merge_scopes(outcome.results, [(o, ranked[o]) for o in shared], limit=limit)

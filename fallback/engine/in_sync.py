@@ -58,11 +58,8 @@ class InSyncSettings:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> InSyncSettings:
-        """Settings from :meth:`to_json`'s dict.
-
-        Raises:
-            KeyError / TypeError / ValueError: a key is missing or has the wrong shape.
-        """
+        """Settings from :meth:`to_json`'s dict. Raises ``KeyError`` / ``TypeError`` /
+        ``ValueError``: a key is missing or has the wrong shape."""
         return cls(
             db_path=Path(doc["dbPath"]), workspace_dir=Path(doc["workspaceDir"]),
             extra_paths=[p if isinstance(p, str) else ExtraPathValue(

@@ -1,8 +1,5 @@
-"""Ranking a query against one store: keyword-only (spec §8.6) and hybrid search.
-
-The engine owns the store and the sync; a :class:`Searcher` turns candidates into ranked hits.
-The keyword-only steps and the snippets are the blocking functions of
-``fallback/search/fts_only.py``, which every other route calls too.
+"""Ranking a query against one store, keyword-only (spec §8.6) or hybrid: a :class:`Searcher`
+turns candidates into ranked hits with the blocking steps of ``fts_only.py`` (every other route's).
 """
 
 from __future__ import annotations

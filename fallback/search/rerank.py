@@ -168,11 +168,8 @@ class HttpReranker:
                                 timeout_s=timeout_ms / 1000)
 
     async def score(self, query: str, documents: list[str]) -> list[float | None]:
-        """POST the documents to ``/v1/rerank``; scores in document order.
-
-        Raises:
-            RerankerError: HTTP error (after the retries), transport error, bad response.
-        """
+        """POST the documents to ``/v1/rerank``; scores in document order. Raises
+        ``RerankerError``: an HTTP error (after the retries), a transport error, a bad response."""
         if not documents:
             return []
         if self._unavailable is not None:

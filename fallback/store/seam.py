@@ -1,9 +1,7 @@
 """The store seam: what the ranking pipeline and the sync need from a store, in their terms.
 
-Both stores implement :class:`SearchStore`: the SQLite store (``fallback/store/readonly.py``
-``MetaReads``) and the postgres store (``fallback/store/postgres/seam.py``). The search
-pipeline reads only through it, so ranking never knows which store it runs on; every SQL
-statement lives in the store modules.
+Both stores implement :class:`SearchStore` (SQLite: ``readonly.MetaReads``; postgres:
+``postgres/seam.py``), so ranking never knows which store it runs on; SQL stays in the stores.
 """
 
 from __future__ import annotations

@@ -11,8 +11,10 @@ case_sensitive 0``, CJK substrings).
 A :data:`MAIN` chunk is tokenized word by word: a ``unicode61`` token never spans whitespace
 (every character ``str.split`` splits on is a separator there), so each distinct
 whitespace-separated word goes through FTS5 once (a bounded cache: words repeat across chunks)
-and a column's token offsets are counted over its words' cached tokens. Trigrams span
-whitespace, so :data:`TRIGRAM` rows go through FTS5 whole.
+and a column's token offsets are counted over its words' cached tokens. A :data:`TRIGRAM`
+token is three consecutive characters of the text (up to a NUL, before SQLite 3.45) after FTS5's
+case folding (a character folded to nothing is skipped), so each distinct character is folded by FTS5 once (cached)
+and numpy cuts the trigrams of the folded text.
 """
 
 from __future__ import annotations
@@ -143,6 +145,9 @@ class Fts5Tokenizer:
         self._by_word = not tokenize.startswith("trigram")  # trigrams span whitespace
         import numpy as np
 
+        # TRIGRAM only: code point -> its FTS5 folding (-1: skipped, -2: not folded yet)
+        self._fold = np.zeros(0, dtype=np.int64)
+
         # MAIN only: word -> the id of its token sequence, whose token ids are
         # _gtok[_gstart[id]:][:_glen[id]]; token -> its id, and id -> token
         self._words = _Words()
@@ -151,11 +156,8 @@ class Fts5Tokenizer:
         self._names: list[str] = []  # id -> token
         self._insert = (f"INSERT INTO t(rowid, {', '.join(columns)})"
                         f" VALUES (?, {', '.join('?' for _ in columns)})")
-        column = " ".join(f"WHEN '{name}' THEN {i << POSITION_COLUMN_SHIFT}"
-                          for i, name in enumerate(columns))
-        # Every token instance: its row (0-based), term and position, in row and position order.
-        self._instances = (f"SELECT doc - 1, term, pos FROM (SELECT doc, term,"
-                           f" (CASE col {column} END) | \"offset\" AS pos FROM v) ORDER BY doc, pos")
+        # TRIGRAM: whether a NUL ends the text, as it does before SQLite 3.45 (else it is skipped)
+        self._nul_ends = not self._by_word and not self.phrase_tokens("ab\0cd")
 
     def postings(self, rows: Sequence[tuple[str, ...]]) -> Postings:
         """The postings of chunk rows, as FTS5 indexes them.
@@ -168,7 +170,7 @@ class Fts5Tokenizer:
             The :class:`Postings` of the rows (chunk ``i`` is ``rows[i]``).
         """
         with self._lock:
-            return self._word_postings(rows) if self._by_word else self._row_postings(rows)
+            return self._word_postings(rows) if self._by_word else self._trigram_postings(rows)
 
     def _word_postings(self, rows: Sequence[tuple[str, ...]]) -> Postings:
         """:meth:`postings` from the tokens of each row's words (see the module docstring): a
@@ -233,21 +235,37 @@ class Fts5Tokenizer:
         self._glen = np.concatenate((self._glen, np.asarray(lens, dtype=np.int32)))
         self._gtok = np.concatenate((self._gtok, np.asarray(flat, dtype=np.int32)))
 
-    def _row_postings(self, rows: Sequence[tuple[str, ...]]) -> Postings:
-        """:meth:`postings` by FTS5 over whole rows (the lock held)."""
+    def _trigram_postings(self, rows: Sequence[tuple[str, ...]]) -> Postings:
+        """:meth:`postings` of :data:`TRIGRAM` rows (see the module docstring): the characters
+        not folded before go through FTS5 tripled, one row each (``"ÀÀÀ"`` -> ``"ààà"``: ``à``),
+        the texts' code points are folded through the cached table, and each trigram is the
+        three code points of a window packed into one integer (21 bits each, so the integers
+        sort as the trigrams do)."""
         import numpy as np
 
-        conn = self._conn
-        conn.executemany(self._insert, [(i + 1, *row) for i, row in enumerate(rows)])
-        found = conn.execute(self._instances).fetchall()
-        conn.execute(self._clear)
-        ids: dict[str, int] = {}
-        token_ids = np.fromiter((ids.setdefault(t, len(ids)) for _, t, _ in found), dtype=np.int32,
-                                count=len(found))
-        chunk = np.fromiter((d for d, _, _ in found), dtype=np.int32, count=len(found))
-        return _postings(list(ids), token_ids, chunk,
-                         np.fromiter((p for _, _, p in found), dtype=np.int32, count=len(found)),
-                         np.bincount(chunk, minlength=len(rows)).astype(np.int64), len(self._columns))
+        texts = [row[0].partition("\0")[0] if self._nul_ends else row[0] for row in rows]
+        raw = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)
+        if len(raw) and int(raw.max()) >= len(self._fold):  # -2: not folded yet
+            self._fold = np.concatenate((self._fold, np.full(int(raw.max()) + 1 - len(self._fold), -2)))
+        new = np.unique(raw[self._fold[raw] == -2]).tolist()
+        if new:
+            self._conn.executemany(self._insert, [(i + 1, chr(c) * 3) for i, c in enumerate(new)])
+            folded_as = dict(self._conn.execute("SELECT doc, term FROM v"))
+            self._conn.execute(self._clear)  # -1: folded to nothing (NUL), skipped
+            self._fold[new] = [ord(folded_as[i + 1][0]) if i + 1 in folded_as else -1 for i in range(len(new))]
+        codes = self._fold[raw]
+        kept = codes >= 0
+        row_of = np.repeat(np.arange(len(rows)), [len(t) for t in texts])
+        codes, lens = codes[kept], np.bincount(row_of[kept], minlength=len(rows))
+        doc_len = np.maximum(lens - 2, 0)
+        offset = np.arange(doc_len.sum()) - np.repeat(np.cumsum(doc_len) - doc_len, doc_len)
+        window = np.repeat(np.cumsum(lens) - lens, doc_len) + offset
+        keys, ids = np.unique(codes[window] << 42 | codes[window + 1] << 21 | codes[window + 2],
+                              return_inverse=True)
+        chars = np.stack((keys >> 42, keys >> 21 & 0x1FFFFF, keys & 0x1FFFFF), axis=1).astype(np.uint32)
+        text = chars.tobytes().decode("utf-32-le")
+        return _postings([text[i:i + 3] for i in range(0, len(text), 3)], ids.reshape(-1),
+                         np.repeat(np.arange(len(rows), dtype=np.int32), doc_len), offset, doc_len, 1)
 
     def phrase_tokens(self, phrase: str) -> list[str]:
         """The tokens of one query phrase in order (``"Wi Fi"`` -> ``["wi", "fi"]``)."""

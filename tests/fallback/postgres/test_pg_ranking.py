@@ -365,9 +365,70 @@ def chunk_positions(post: Any) -> list[dict[str, list[int]]]:
     """Per chunk of ``post`` (``tokens.Postings``), ``{term: its positions}``."""
     out: list[dict[str, list[int]]] = [{} for _ in post.doc_len]
     positions, ends = post.positions.tolist(), post.ends.tolist()
-    for t, c, a, b in zip(post.term.tolist(), post.chunk.tolist(), [0, *ends[:-1]], ends, strict=True):
+    for t, c, a, b in zip(post.term.tolist(), post.chunk.tolist(), [0, *ends][:-1], ends, strict=True):
         out[c][post.terms[t]] = positions[a:b]
     return out
+
+
+def fts5_postings(kind: tuple[tuple[str, ...], str], rows: list[tuple[str, ...]]) -> tuple[
+        list[dict[str, list[int]]], list[int], list[list[int]]]:
+    """FTS5's own tokens of whole ``rows`` for a tokenizer ``kind`` (``tokens.MAIN`` or
+    ``TRIGRAM``), the reference of the postgres store's postings: per chunk ``{term: positions}``
+    (``column << 20 | offset``), per chunk its token count, and per posting (by term, then
+    chunk) its hits in each column."""
+    import sqlite3
+
+    from fallback.store.postgres.migrations import POSITION_COLUMN_SHIFT
+
+    columns, tokenize = kind
+    conn = sqlite3.connect(":memory:")
+    conn.execute(f"CREATE VIRTUAL TABLE t USING fts5({', '.join(columns)}, tokenize='{tokenize}')")
+    conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, instance)")
+    conn.executemany(f"INSERT INTO t(rowid, {', '.join(columns)}) VALUES (?, {', '.join('?' * len(columns))})",
+                     [(i + 1, *row) for i, row in enumerate(rows)])
+    chunks: list[dict[str, list[int]]] = [{} for _ in rows]
+    for doc, term, col, offset in conn.execute('SELECT doc, term, col, "offset" FROM v'):
+        chunks[doc - 1].setdefault(term, []).append(columns.index(col) << POSITION_COLUMN_SHIFT | offset)
+    conn.close()
+    for chunk in chunks:
+        for positions in chunk.values():
+            positions.sort()
+    hits = [[sum(p >> POSITION_COLUMN_SHIFT == i for p in chunk[term]) for i in range(len(columns))]
+            for term in sorted({t for chunk in chunks for t in chunk}) for chunk in chunks if term in chunk]
+    return chunks, [sum(map(len, chunk.values())) for chunk in chunks], hits
+
+
+def test_trigram_postings_are_fts5s_on_a_cjk_corpus() -> None:
+    """The trigrams cut from the folded text (each character folded by FTS5 once) are byte for
+    byte the ones FTS5's trigram tokenizer gives for the whole row: CJK lines and runs, Latin
+    letters FTS5 folds (``À``, ``Σ``, ``İ``) or not (``ß``), combining marks, emoji, NUL
+    (the end of the text before SQLite 3.45), U+FFFE (read as U+FFFD), rows of fewer than three characters; with the folding
+    cold, warm, and for a batch bringing new characters."""
+    import random
+
+    from fallback.store.postgres.tokens import TRIGRAM, Fts5Tokenizer
+
+    pieces = ["渡辺さんと東京チームのデータ連携について打ち合わせ。", "今天和团队讨论了数据库迁移的计划",
+              "한국어 텍스트", "Kenji's Parquet feed", "ÀÉÎ àéî", "ΣΑΣ σας", "İstanbul", "straße", "e\u0301",
+              "😀👍🏽🇯🇵", "a\x00b\x00\x00c", "\ufffe\uffff", "\t\n\r\n", "  ", "ﬁ", "Ⅻ①", "東京2026年"]
+    rng = random.Random(20261205)
+    rows = [("".join(rng.choice(pieces) for _ in range(rng.randrange(0, 12))),) for _ in range(200)]
+    rows += [("",), ("ab",), ("abc",), ("\x00\x00\x00\x00",), ("A\x00BC",)]
+    later = [("".join(chr(rng.randrange(0x4E00, 0x9FFF)) for _ in range(rng.randrange(0, 80))) + "Ωmega",)
+             for _ in range(50)]
+
+    def flat(post: Any) -> tuple[list[dict[str, list[int]]], list[int], list[list[int]]]:
+        return chunk_positions(post), post.doc_len.tolist(), post.hits.tolist()
+
+    tokenizer = Fts5Tokenizer(TRIGRAM)
+    try:
+        want = fts5_postings(TRIGRAM, rows)
+        assert flat(tokenizer.postings(rows)) == want  # every character folded now
+        assert flat(tokenizer.postings(rows)) == want  # from the folding kept
+        assert flat(tokenizer.postings(later)) == fts5_postings(TRIGRAM, later)
+        assert sum(want[1]) > 5_000 and {"東京チ", "àéî", "σασ", "İst", "\ufffd\ufffd\t"} <= {t for c in want[0] for t in c}
+    finally:
+        tokenizer.close()
 
 
 def test_the_tokenizer_keeps_no_terms_of_written_chunks() -> None:
@@ -472,7 +533,7 @@ def test_word_by_word_tokens_are_fts5s_on_a_mixed_corpus(monkeypatch: pytest.Mon
 
     tokenizer = Fts5Tokenizer()
     try:
-        want = flat(tokenizer._row_postings(rows))
+        want = fts5_postings(tokens.MAIN, rows)
         assert flat(tokenizer.postings(rows)) == want  # cold cache
         assert flat(tokenizer.postings(rows)) == want  # warm cache
         monkeypatch.setattr(tokens, "WORD_CACHE_MAX", 40)

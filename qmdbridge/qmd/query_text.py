@@ -29,8 +29,9 @@ BUSY_TIMEOUT_VAR = "QMD_SQLITE_BUSY_TIMEOUT"
 # A search call's wait for a writer on qmd's index, ms: a busy answer is then retried in the deadline.
 SEARCH_BUSY_TIMEOUT_MS = 250
 
-# A token that is qmd syntax: a negation at a token start (``-word``, ``-"phrase"``).
-_NEGATION_RE = re.compile(r"(?:^|\s)-[\w\"]")
+# A token that is qmd syntax: a negation at a token start (``-word``, ``-"phrase"``), not the
+# query's first (:func:`encode_query` detaches leading dashes: the builtin engine reads a word).
+_NEGATION_RE = re.compile(r"\s-[\w\"]")
 # Apostrophes as keyboards and autocorrection write them, read as ``'``.
 _APOSTROPHES = str.maketrans(dict.fromkeys("\u2019\u2018\u02bc`\u00b4\uff07", "'"))
 # Separators of a hyphenated or dotted token (``wi-fi``, ``2026.4.10``), matched whole by qmd.

@@ -393,6 +393,12 @@ def test_a_store_on_a_read_only_mount_answers_from_the_index_and_says_it_is_not_
             1, f"qmdbridge: index store is read-only (the file cannot be written): Read-only file system ({db})\n"
             f"  fix: make {db.parent} and the store file writable for this user (their permissions, or a "
             "read-only mount), then run `qmdbridge index`\n")
+        # doctor opens the store as searches do: it said 'unable to open database file', fix: rebuild it
+        doctor = run(["doctor", "--workspace", str(ws), "--json"], env)
+        assert [(c["name"], c["detail"]) for c in orjson.loads(doctor.stdout)["checks"] if c["level"] == "error"] == [
+            ("index", f"index store is read-only (the file cannot be written): Read-only file system ({db}); "
+                      "searches answer from the index as it was last written, and memory files are not "
+                      f"indexed until {db.parent} can be written")]
     finally:
         subprocess.run(["umount", str(state)], check=True)
 

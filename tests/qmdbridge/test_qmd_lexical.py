@@ -48,7 +48,7 @@ QUESTION = "When did Caroline go to the LGBTQ support group?"
     # sent as written: qmd syntax, CJK text, nothing but stop words, nothing at all
     ('"support group" Caroline', ()),
     ("Caroline -draft", ()),
-    ("-leading dash", ()),
+    ("-leading dash", ("leading", "dash")),  # a leading dash is no negation (encode_query)
     ("部署 the server", ()),
     ("what is it", ()),
     ("  ", ()),

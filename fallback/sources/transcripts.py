@@ -164,11 +164,8 @@ def sanitize_message_text(role: Role, text: str) -> str | None:
     if role == "user":
         text = _strip_envelopes(text)
     text = _DIRECTIVE_TAG.sub(" ", text).strip()
-    if not text:
-        return None
-    if _SYSTEM_WRAPPER.match(text) or _CRON_PROMPT.match(text) or _SILENT.match(text):
-        return None
-    if role == "user" and (_HEARTBEAT_PROMPT.match(text) or _INTER_SESSION.match(text)):
+    if not text or _SYSTEM_WRAPPER.match(text) or _CRON_PROMPT.match(text) or _SILENT.match(text) or (
+            role == "user" and (_HEARTBEAT_PROMPT.match(text) or _INTER_SESSION.match(text))):
         return None
     if role == "assistant" and _HEARTBEAT_TOKEN in text:
         rest = text.removeprefix(_HEARTBEAT_TOKEN).removesuffix(_HEARTBEAT_TOKEN)

@@ -221,11 +221,8 @@ def parse_transcript(path: Path | int) -> TranscriptParse:
                 message = record.get("message")
                 if record.get("type") != "message" or not isinstance(message, dict):
                     continue
-                role = message.get("role")
-                if role not in ("user", "assistant"):
-                    continue
-                text = _message_text(message.get("content"))
-                if text is None:
+                role, text = message.get("role"), _message_text(message.get("content"))
+                if role not in ("user", "assistant") or text is None:
                     continue
                 if role == "user" and first_user_raw is None:
                     first_user_raw = _strip_envelopes(text).strip()

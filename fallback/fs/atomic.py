@@ -51,7 +51,6 @@ def write_atomic(target: Path, data: bytes, *, durable: bool = True, mode: int |
         OSError: the folder is missing or not writable, or the disk is full; ``target`` is
             unchanged and the temporary file is removed.
     """
-    target = Path(target)
     keep_mode = mode
     if keep_mode is None:
         with contextlib.suppress(FileNotFoundError):
@@ -82,7 +81,6 @@ def publish_file(source: Path, target: Path) -> None:
     Raises:
         OSError: ``source`` is missing or the rename fails; ``target`` is then unchanged.
     """
-    source, target = Path(source), Path(target)
     fd = os.open(source, os.O_RDONLY | getattr(os, "O_BINARY", 0))
     try:
         os.fsync(fd)

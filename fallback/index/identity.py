@@ -85,10 +85,9 @@ def full_reindex_reason(meta: Any, identity: dict[str, Any]) -> str | None:
     changed``."""
     if not isinstance(meta, dict):
         return "no index metadata"
-    if meta.get("model") != identity["model"]:
-        return f"model changed ({meta.get('model')} -> {identity['model']})"
-    if meta.get("provider") != identity["provider"]:
-        return f"provider changed ({meta.get('provider')} -> {identity['provider']})"
+    for key in ("model", "provider"):
+        if meta.get(key) != identity[key]:
+            return f"{key} changed ({meta.get(key)} -> {identity[key]})"
     if meta.get("providerKey") != identity["providerKey"]:
         return "provider settings changed"
     old_dims, new_dims = meta.get("vectorDims"), identity.get("vectorDims")
@@ -98,10 +97,8 @@ def full_reindex_reason(meta: Any, identity: dict[str, Any]) -> str | None:
         return "sources changed"
     if meta.get("scopeHash") != identity["scopeHash"]:
         return "scope changed"
-    if (meta.get("chunkTokens") != identity["chunkTokens"]
-            or meta.get("chunkOverlap") != identity["chunkOverlap"]
-            or meta.get("chunkSections", False) != identity["chunkSections"]
-            or meta.get("chunkingVersion", 1) != identity["chunkingVersion"]):
+    chunking = (("chunkTokens", None), ("chunkOverlap", None), ("chunkSections", False), ("chunkingVersion", 1))
+    if any(meta.get(key, old_default) != identity[key] for key, old_default in chunking):
         return "chunking changed"
     if meta.get("embedWindows") != identity["embedWindows"]:
         return "embedding windows changed"

@@ -189,15 +189,14 @@ def read_session_text(mf: MemoryFile) -> tuple[FileContent | SkippedFile, list[i
         line map), or ``(SkippedFile, None)``.
     """
     try:
-        with open(mf.abs_path, "rb"):
-            pass
+        fd = os.open(mf.abs_path, os.O_RDONLY)
     except FileNotFoundError:
         return SkippedFile(path=mf.rel_path, reason=VANISHED), None
     except OSError as exc:
         return SkippedFile(path=mf.rel_path, reason=f"unreadable: {exc.strerror or exc}"), None
     from fallback.sources.transcripts import message_line, parse_transcript
 
-    messages = parse_transcript(mf.abs_path).messages
+    messages = parse_transcript(fd).messages
     text = "\n".join(message_line(m) for m in messages)
     line_map = [m.line_no for m in messages]
     return FileContent(text=text, content_hash=sha256_hex(f"{text}\n{','.join(map(str, line_map))}"),

@@ -22,14 +22,12 @@ def split_pattern(pattern: str) -> list[str]:
     """Split a collection pattern into alternatives at commas outside ``{...}`` and ``[...]``
     (qmd reads ``--mask "a.md,*.txt"`` as a union); blank alternatives are dropped."""
     parts: list[str] = []
-    current: list[str] = []
-    braces = brackets = 0
-    for ch in pattern:
-        if ch == "," and braces == 0 and brackets == 0:
-            parts.append("".join(current))
-            current = []
-            continue
-        if ch == "{":
+    start = braces = brackets = 0
+    for i, ch in enumerate(pattern):
+        if ch == "," and braces == brackets == 0:
+            parts.append(pattern[start:i])
+            start = i + 1
+        elif ch == "{":
             braces += 1
         elif ch == "}" and braces:
             braces -= 1
@@ -37,8 +35,7 @@ def split_pattern(pattern: str) -> list[str]:
             brackets += 1
         elif ch == "]" and brackets:
             brackets -= 1
-        current.append(ch)
-    parts.append("".join(current))
+    parts.append(pattern[start:])
     return [p.strip() for p in parts if p.strip()]
 
 
@@ -77,20 +74,19 @@ def _group_end(text: str, start: int) -> int:
 def _literal_tail(alternative: str) -> str | None:
     """The literal text every name an alternative matches ends with (escapes resolved), or
     ``None`` when it ends in syntax (``*``, ``?``, ``[...]``, ``{...}``): any ending then."""
-    tail: list[str] = []
-    open_end = False
+    tail: str | None = ""  # None: the text so far ends in syntax
     i = 0
     while i < len(alternative):
         ch = alternative[i]
         if ch == "\\" and i + 1 < len(alternative):
-            tail, open_end, i = [*tail, alternative[i + 1]], False, i + 2
+            tail, i = (tail or "") + alternative[i + 1], i + 2
         elif ch in "*?":
-            tail, open_end, i = [], True, i + 1
+            tail, i = None, i + 1
         elif ch in "[{" and (close := _group_end(alternative, i)) > i:
-            tail, open_end, i = [], True, close + 1
+            tail, i = None, close + 1
         else:
-            tail, open_end, i = [*tail, ch], False, i + 1
-    return None if open_end else "".join(tail)
+            tail, i = (tail or "") + ch, i + 1
+    return tail
 
 
 def never_ends_with(pattern: str, suffix: str) -> bool:

@@ -164,11 +164,8 @@ def sanitize_message_text(role: Role, text: str) -> str | None:
     if role == "user":
         text = _strip_envelopes(text)
     text = _DIRECTIVE_TAG.sub(" ", text).strip()
-    if not text:
-        return None
-    if _SYSTEM_WRAPPER.match(text) or _CRON_PROMPT.match(text) or _SILENT.match(text):
-        return None
-    if role == "user" and (_HEARTBEAT_PROMPT.match(text) or _INTER_SESSION.match(text)):
+    if not text or _SYSTEM_WRAPPER.match(text) or _CRON_PROMPT.match(text) or _SILENT.match(text) or (
+            role == "user" and (_HEARTBEAT_PROMPT.match(text) or _INTER_SESSION.match(text))):
         return None
     if role == "assistant" and _HEARTBEAT_TOKEN in text:
         rest = text.removeprefix(_HEARTBEAT_TOKEN).removesuffix(_HEARTBEAT_TOKEN)
@@ -224,11 +221,8 @@ def parse_transcript(path: Path | int) -> TranscriptParse:
                 message = record.get("message")
                 if record.get("type") != "message" or not isinstance(message, dict):
                     continue
-                role = message.get("role")
-                if role not in ("user", "assistant"):
-                    continue
-                text = _message_text(message.get("content"))
-                if text is None:
+                role, text = message.get("role"), _message_text(message.get("content"))
+                if role not in ("user", "assistant") or text is None:
                     continue
                 if role == "user" and first_user_raw is None:
                     first_user_raw = _strip_envelopes(text).strip()

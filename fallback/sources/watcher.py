@@ -309,9 +309,8 @@ class MemoryWatcher:
                 missed.append(folder)
         if not missed:
             return None
-        missed.sort()
         more = f" and {len(missed) - 1} more folders" if len(missed) > 1 else ""
-        return f"missed changes in {missed[0]}{more}"
+        return f"missed changes in {min(missed)}{more}"
 
     def _install(self, polling: bool) -> bool:
         """Start an observer and make it this watcher's (blocking); a native one that cannot

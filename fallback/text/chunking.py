@@ -83,9 +83,7 @@ def split_lines(text: str, *, keep_ends: bool = False, max_lines: int | None = N
     if not keep_ends:
         return _LINE_BREAK.split(text, maxsplit=splits)
     parts = _LINE_BREAK_KEPT.split(text, maxsplit=splits)  # line, break, ..., line, break, rest
-    lines = list(map(operator.add, parts[0:-1:2], parts[1::2]))
-    lines.append(parts[-1])
-    return lines
+    return [*map(operator.add, parts[0:-1:2], parts[1::2]), parts[-1]]
 
 
 def file_lines(text: str, *, keep_ends: bool = False, max_lines: int | None = None) -> list[str]:
@@ -286,11 +284,8 @@ def remap_lines(chunks: list[Chunk], line_map: list[int] | None) -> list[Chunk]:
     def mapped(line: int) -> int:
         return line_map[line - 1] if 1 <= line <= len(line_map) else line
 
-    out: list[Chunk] = []
-    for chunk in chunks:
-        start, end = mapped(chunk.start_line), mapped(chunk.end_line)
-        out.append(replace(chunk, start_line=min(start, end), end_line=max(start, end)))
-    return out
+    return [replace(c, start_line=min(ends), end_line=max(ends))
+            for c in chunks for ends in [(mapped(c.start_line), mapped(c.end_line))]]
 
 
 def split_by_utf8_bytes(chunk: Chunk, max_bytes: int) -> list[Chunk]:

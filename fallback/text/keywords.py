@@ -144,11 +144,8 @@ def contraction_fragments(text: str) -> list[tuple[int, int]]:
     ``don't`` (``O'Brien`` has none)."""
     if not any(a in text for a in _APOSTROPHES):
         return []
-    clitic, negated = ((_ASCII_CLITIC_RE, _ASCII_NEGATED_RE) if text.isascii()
-                       else _contraction_patterns())
-    spans = [m.span(1) for m in clitic.finditer(text)]
-    spans += [m.span(1) for m in negated.finditer(text)]
-    return sorted(spans)
+    patterns = (_ASCII_CLITIC_RE, _ASCII_NEGATED_RE) if text.isascii() else _contraction_patterns()
+    return sorted(m.span(1) for pattern in patterns for m in pattern.finditer(text))
 
 
 def _segments(query: str) -> list[str]:

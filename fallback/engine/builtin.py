@@ -380,11 +380,11 @@ class BuiltinEngine:
         return self._finish(self._live_warning(outcome)) if isinstance(outcome, SearchOutcome) else None
 
     def _keyword_only(self, request: SearchRequest) -> bool:
-        """Whether ``request`` is answered in one blocking step: a SQLite store, ranked by
-        keywords alone (no provider, reranker or trace), no configured provider failing closed."""
+        """Whether ``request`` is ranked by keywords alone (no provider, reranker or trace) and
+        no configured provider fails it closed."""
         sel = self._provider_selection()
         return (sel.provider is None and not sel.error and not request.explain
-                and not self.settings.search.query.rerank.enabled and not self._stores.is_postgres)
+                and not self.settings.search.query.rerank.enabled)
 
     def _keyword_answer(self, store: SearchStore, request: SearchRequest, *, synced: bool,
                         dirty: bool, warnings: Sequence[str] = ()) -> SearchOutcome | IndexState:
@@ -398,7 +398,7 @@ class BuiltinEngine:
 
     def _keyword_outcome(self, store: SearchStore, request: SearchRequest,
                          warnings: Sequence[str]) -> SearchOutcome:
-        """The keyword-only hits of ``request`` in the SQLite store (blocking)."""
+        """The keyword-only hits of ``request`` in the agent's own scope (blocking)."""
         q = self.settings.search.query
         limit, floor, srcs = self._ranking_args(request)
         if not srcs:
@@ -487,7 +487,10 @@ class BuiltinEngine:
                                     warnings=warnings)
         syncs, ws = self._syncs_done, str(self.settings.workspace_dir)
         identity = index_identity(self.settings, provider)
-        keyword_only = self._keyword_only(request)
+        limit, floor, srcs = self._ranking_args(request)
+        # scopes other agents share (postgres) are ranked beside the own one in the task group below
+        shared = await anyio.to_thread.run_sync(self._shared_scopes, srcs) if self._stores.is_postgres else {}
+        keyword_only = self._keyword_only(request) and not shared
         if keyword_only:  # one worker-thread hop when no sync is due
             found = await anyio.to_thread.run_sync(partial(
                 self._keyword_answer, store, request, synced=self._synced, dirty=self._dirty,
@@ -518,12 +521,10 @@ class BuiltinEngine:
         prepared = None if provider is None or qv is None else await self._prepare_vector(
             store, provider, qv, warnings, synced=self._syncs_done != syncs, text=text,
             deadline=deadline)
-        limit, floor, srcs = self._ranking_args(request)
         if not srcs:
             return SearchOutcome(results=[], warnings=warnings)
         candidates = candidate_count(limit, q.hybrid.candidate_multiplier)
         searcher = self._searcher(request.explain)
-        shared = await anyio.to_thread.run_sync(self._shared_scopes, srcs)
         ranked: dict[str, list[MemorySearchResult] | MemorySearchError] = {}
         failed: MemorySearchError | None = None
         at_once = anyio.CapacityLimiter(SHARED_SEARCHES_AT_ONCE)

@@ -33,6 +33,11 @@ _UNSPACED_BLOCKS = "[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u19e0-\u19ff\ua9e0-
 
 __all__ = ["PostgresSearchStore"]
 
+# status reads a word list of each chunk without trigrams instead of the postings of the words
+# of the scripts above when these are more than this many a chunk (a posting costs about a
+# tenth of reading a word list).
+POSTINGS_PER_WORD_LIST = 10
+
 
 class PostgresSearchStore:
     """One agent's scope of a postgres store as a ``SearchStore`` (thread-safe).
@@ -239,17 +244,30 @@ class PostgresSearchStore:
                         (st.agent_id, st.workspace, stats.generation, stats.generation))
             dims: Any = cur.fetchone()
             # chunks of those scripts written without trigram postings (before they took the
-            # substring path): found through the index's words in the scripts' blocks (a word
-            # list, not every text, is scanned); contains_unspaced decides
-            cur.execute(f"SELECT DISTINCT c.chunk_rowid, c.text FROM {st._s}.term_stats ts"
-                        f" JOIN {st._s}.posting_blocks b ON b.agent_id = ts.agent_id"
-                        " AND b.workspace = ts.workspace AND b.term = ts.term"
-                        f" CROSS JOIN LATERAL unnest(b.rowids) AS u(r) JOIN {st._s}.chunks c"
-                        " ON c.chunk_rowid = u.r WHERE ts.agent_id = %s AND ts.workspace = %s"
-                        " AND ts.df > 0 AND ts.term ~ %s AND c.trigram_len IS NULL"
-                        " AND c.gen_from <= %s AND (c.gen_to IS NULL OR c.gen_to > %s)",
-                        (st.agent_id, st.workspace, _UNSPACED_BLOCKS, stats.generation, stats.generation))
-            untrigrammed = sum(1 for _, text in cur if contains_unspaced(text))
+            # substring path), read from the side with less to scan: the postings of the index's
+            # words in the scripts' blocks (a word list, not every text, is scanned) or, past
+            # POSTINGS_PER_WORD_LIST of them a chunk without trigrams (a store of those scripts
+            # holds millions), those chunks' word lists; none without such chunks;
+            # contains_unspaced decides
+            live = "c.gen_from <= %s AND (c.gen_to IS NULL OR c.gen_to > %s)"
+            bare, postings = stats.chunk_count - stats.trigram_chunk_count, 0
+            if bare:
+                cur.execute(f"SELECT coalesce(sum(df), 0) FROM {st._s}.term_stats WHERE agent_id = %s"
+                            " AND workspace = %s AND term ~ %s", (st.agent_id, st.workspace, _UNSPACED_BLOCKS))
+                postings = cur.fetchone()[0]
+            if bare and postings > POSTINGS_PER_WORD_LIST * bare:
+                cur.execute(f"SELECT c.chunk_rowid, c.text FROM {st._s}.chunks c WHERE c.agent_id = %s"
+                            f" AND c.workspace = %s AND c.trigram_len IS NULL AND {live} AND c.terms ~ %s",
+                            (st.agent_id, st.workspace, stats.generation, stats.generation, _UNSPACED_BLOCKS))
+            elif bare and postings:
+                cur.execute(f"SELECT DISTINCT c.chunk_rowid, c.text FROM {st._s}.term_stats ts"
+                            f" JOIN {st._s}.posting_blocks b ON b.agent_id = ts.agent_id"
+                            " AND b.workspace = ts.workspace AND b.term = ts.term"
+                            f" CROSS JOIN LATERAL unnest(b.rowids) AS u(r) JOIN {st._s}.chunks c"
+                            " ON c.chunk_rowid = u.r WHERE ts.agent_id = %s AND ts.workspace = %s"
+                            f" AND ts.df > 0 AND ts.term ~ %s AND c.trigram_len IS NULL AND {live}",
+                            (st.agent_id, st.workspace, _UNSPACED_BLOCKS, stats.generation, stats.generation))
+            untrigrammed = sum(1 for _, text in cur if contains_unspaced(text)) if bare and postings else 0
         return {"driver": "postgres", "target": st.target.redact(st.target.describe()),
                 "schema": st.target.schema, "schemaVersion": int(version[0] or 0),
                 "generation": stats.generation, "counts": counts,

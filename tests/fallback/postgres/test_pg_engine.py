@@ -347,11 +347,15 @@ def test_serve_tells_each_search_the_outage_failed_in_one_line(tmp_path: Path) -
 
 @pytest.mark.anyio
 async def test_thai_chunks_indexed_without_trigram_postings_are_named_until_a_forced_sync(
-        tmp_path: Path, pg_dsn: str) -> None:
+        tmp_path: Path, pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A Thai note as the store wrote it before Thai took the substring path (no trigram
     postings, no trigram length): a word inside its sentence is not found, and status and
-    doctor say so and what to run; ``index --force`` writes its postings, and the word is found."""
+    doctor say so and what to run, whether status reads the Thai words' postings or the word
+    lists of the chunks without trigrams; ``index --force`` writes its postings, and the word
+    is found."""
     import psycopg
+
+    from fallback.store.postgres import seam
 
     from qmdbridge.config import parse_config, resolve_agent
     from qmdbridge.doctor import run_doctor
@@ -384,11 +388,15 @@ async def test_thai_chunks_indexed_without_trigram_postings_are_named_until_a_fo
                  " searched as substrings: a word inside their sentences is not found until their"
                  " file changes or `qmdbridge index --force` runs")
         assert (await eng.status()).issues == [issue]
+        monkeypatch.setattr(seam, "POSTINGS_PER_WORD_LIST", 0)  # the chunks' word lists
+        assert (await eng.status()).issues == [issue]
         level, detail, hint = await index_check()
         assert (level, hint) == ("warn", "run `qmdbridge index --force`")
         assert detail.endswith(f": 2 files, 2 chunks; {issue}")
         await eng.sync(reason="test", force=True)
         assert [r.path for r in (await eng.search(SearchRequest.of("ข้าวผัด"))).results] == ["memory/th.md"]
+        assert (await eng.status()).issues == []
+        monkeypatch.undo()
         assert (await eng.status()).issues == []
         assert (await index_check())[0] == "ok"
     finally:

@@ -12,7 +12,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import psutil
 import pytest
@@ -43,23 +43,28 @@ def find_test_model() -> Path | None:
     return None
 
 
+def _missing(problem: str) -> NoReturn:
+    """Skip the test for ``problem``, or fail it under ``CI`` (a missing install step must not
+    pass as green)."""
+    if os.environ.get("CI"):
+        pytest.fail(problem)
+    pytest.skip(problem)
+
+
 @pytest.fixture(scope="session")
-def local_model_path() -> Path:
+def gguf_test_model() -> Path:
+    """The GGUF test model file (:func:`find_test_model`); skips without it, fails in CI."""
+    return find_test_model() or _missing(f"test model {TEST_MODEL_NAME} not found (set QMDBRIDGE_TEST_MODEL)")
+
+
+@pytest.fixture(scope="session")
+def local_model_path(gguf_test_model: Path) -> Path:
     """The real GGUF embedding model; skips without it (or llama-cpp-python), fails in CI."""
     from fallback.embeddings.local_gguf import is_llama_cpp_installed
 
-    path = find_test_model()
-    problem = None
-    if path is None:
-        problem = f"test model {TEST_MODEL_NAME} not found (set QMDBRIDGE_TEST_MODEL)"
-    elif not is_llama_cpp_installed():
-        problem = "llama-cpp-python is not installed (pip install 'qmdbridge[local]')"
-    if problem:
-        if os.environ.get("CI"):
-            pytest.fail(problem)
-        pytest.skip(problem)
-    assert path is not None
-    return path
+    if not is_llama_cpp_installed():
+        _missing("llama-cpp-python is not installed (pip install 'qmdbridge[local]')")
+    return gguf_test_model
 
 
 @pytest.fixture(scope="session")
@@ -71,10 +76,7 @@ def qmd_bin() -> Path:
     launcher = repo_tools_qmd()
     if launcher.is_file() and os.access(launcher, os.X_OK):
         return launcher
-    message = f"real qmd not installed at {launcher}; run: bash scripts/install-qmd.sh"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+    _missing(f"real qmd not installed at {launcher}; run: bash scripts/install-qmd.sh")
 
 
 # -- leak guards ----------------------------------------------------------------------------------

@@ -16,6 +16,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 
+def without_progress(stderr: str) -> str:
+    """``stderr`` without the sync's progress lines (``indexing: ...``), which a sync shows once it
+    runs past a second: on a loaded machine also a first index of a few notes."""
+    return "".join(line for line in stderr.splitlines(keepends=True) if not line.startswith("indexing: "))
+
+
 def cli_argv(args: list[str]) -> list[str]:
     """The argv of ``qmdbridge <args>``: the installed console script, else this Python running
     the CLI's ``main``."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.e2e.cli_proc import cli_argv, run_cli_in_process
+from tests.e2e.cli_proc import cli_argv, run_cli_in_process, without_progress
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "workspace"
@@ -39,7 +39,7 @@ def test_version(env: dict[str, str]) -> None:
 
 def test_keyword_only_search_says_so_once(ws: Path, env: dict[str, str], tmp_path: Path) -> None:
     plain = run(["search", "router dropped the WAN link", "--workspace", str(ws)], env)
-    assert plain.returncode == 0 and plain.stderr == NOTICE
+    assert plain.returncode == 0 and without_progress(plain.stderr) == NOTICE
     assert plain.stdout.startswith("1.000 memory/2026-11-05.md:")
     as_json = run(["search", "router", "--workspace", str(ws), "--json"], env)
     assert as_json.stderr == "" and orjson.loads(as_json.stdout)["mode"] == "fts-only"
@@ -100,7 +100,7 @@ def test_denial_and_fallback_are_one_stderr_line_each(ws: Path, env: dict[str, s
     missing.write_text(f"{{memory: {{backend: 'qmd', qmd: {{command: '{tmp_path / 'no-qmd'}'}}}}}}")
     q = run(["search", "router", "--workspace", str(ws), "--config", str(missing)], env)
     assert q.returncode == 0
-    lines = q.stderr.splitlines()
+    lines = without_progress(q.stderr).splitlines()
     assert len(lines) == 2 and lines[0].startswith("note: answered by builtin (qmd unavailable: qmd not found")
     assert lines[1] + "\n" == NOTICE
 

@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from fallback.embeddings.model_fetch import DEFAULT_MODEL
-from tests.conftest import TEST_MODEL_NAME, find_test_model
+from tests.conftest import TEST_MODEL_NAME
 from tests.e2e.cli_proc import run_cli_in_process
 from tests.fallback.hub_server import HubFile, serve_hub
 
@@ -25,13 +25,8 @@ URI = f"hf:test-org/all-MiniLM-L6-v2-GGUF/{TEST_MODEL_NAME}"
 
 
 @pytest.fixture(scope="module")
-def model_data() -> bytes:
-    path = find_test_model()
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"test model {TEST_MODEL_NAME} not found")
-        pytest.skip(f"test model {TEST_MODEL_NAME} not found")
-    return path.read_bytes()
+def model_data(gguf_test_model: Path) -> bytes:
+    return gguf_test_model.read_bytes()
 
 
 @pytest.fixture

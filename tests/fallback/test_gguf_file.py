@@ -8,14 +8,11 @@ from pathlib import Path
 import pytest
 
 from fallback.gguf_file import gguf_problem
-from tests.conftest import find_test_model
 
 
 @pytest.fixture(scope="module")
-def model_bytes() -> bytes:
-    path = find_test_model()
-    assert path is not None, "the GGUF test model (../shared/models) is needed"
-    return path.read_bytes()
+def model_bytes(gguf_test_model: Path) -> bytes:
+    return gguf_test_model.read_bytes()
 
 
 def test_the_whole_model_is_a_gguf_model(model_bytes: bytes, tmp_path: Path) -> None:

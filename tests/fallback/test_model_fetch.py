@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import socket
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from fallback.embeddings.model_fetch import (
     stderr_progress,
 )
 from fallback.errors import ModelDownloadError
-from tests.conftest import TEST_MODEL_NAME, find_test_model
+from tests.conftest import TEST_MODEL_NAME
 from tests.fallback.hub_server import HubFile, serve_hub
 
 REPO = "test-org/all-MiniLM-L6-v2-GGUF"
@@ -34,13 +33,8 @@ REF = ModelRef(REPO, TEST_MODEL_NAME)
 
 
 @pytest.fixture(scope="module")
-def model_data() -> bytes:
-    path = find_test_model()
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"test model {TEST_MODEL_NAME} not found (set QMDBRIDGE_TEST_MODEL)")
-        pytest.skip(f"test model {TEST_MODEL_NAME} not found (set QMDBRIDGE_TEST_MODEL)")
-    return path.read_bytes()
+def model_data(gguf_test_model: Path) -> bytes:
+    return gguf_test_model.read_bytes()
 
 
 def closed_port() -> int:

@@ -17,7 +17,6 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.conftest import find_test_model
 from tests.e2e.cli_proc import run_cli_in_process
 
 pytestmark = pytest.mark.qmd
@@ -64,7 +63,7 @@ def test_status_and_doctor_name_missing_models_that_cannot_be_downloaded(
 
 @pytest.mark.parametrize("cut", ["empty", "half"])
 def test_an_empty_or_truncated_model_file_is_named_by_search_status_and_doctor(
-        tmp_path: Path, qmd_bin: Path, cut: str) -> None:
+        tmp_path: Path, qmd_bin: Path, cut: str, gguf_test_model: Path) -> None:
     """A model file cut short (an interrupted download), before its GGUF header or inside its
     tensor data, whose header is whole: qmd's searches timed out with no hint, and status showed
     nothing of qmd's model cache."""
@@ -73,9 +72,7 @@ def test_an_empty_or_truncated_model_file_is_named_by_search_status_and_doctor(
     (ws / "memory" / "2026-03-01.md").write_text("# Day\n\nThe router dropped the WAN link.\n")
     models = tmp_path / "state" / "agents" / "main" / "qmd" / "xdg-cache" / "qmd" / "models"
     models.mkdir(parents=True)
-    whole = find_test_model()
-    assert whole is not None, "the GGUF test model (../shared/models) is needed"
-    data = whole.read_bytes()
+    data = gguf_test_model.read_bytes()
     (models / "embeddinggemma-300M-Q8_0.gguf").write_bytes(b"" if cut == "empty" else data[: len(data) // 2])
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     env.update(OPENCLAW_STATE_DIR=str(tmp_path / "state"), HOME=str(tmp_path / "home"))

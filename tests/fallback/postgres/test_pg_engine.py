@@ -356,7 +356,6 @@ async def test_thai_chunks_indexed_without_trigram_postings_are_named_until_a_fo
     import psycopg
 
     from fallback.store.postgres import seam
-
     from qmdbridge.config import parse_config, resolve_agent
     from qmdbridge.doctor import run_doctor
 

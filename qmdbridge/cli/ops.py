@@ -81,9 +81,8 @@ async def warmup(agent: Any, args: argparse.Namespace) -> int:
     """``qmdbridge warmup``: ``qmd embed`` and one ``qmd query`` in the agent's qmd home, so
     the GGUF models are downloaded and loaded first; fails fast, naming the models, under
     ``CI`` or offline with models missing."""
-    environ = dict(os.environ)
     home = qmd_home(agent.state_dir, agent.agent_id)
-    problem = await model_problem(home.models_dir, environ, kinds=("embed", "rerank", "generate"))
+    problem = await model_problem(home.models_dir, dict(os.environ), kinds=("embed", "rerank", "generate"))
     if problem is not None:
         if args.json:
             emit_json({"ok": False, "steps": [{"step": "embed", "ok": False, "durationMs": 0, "error": problem}]})
@@ -100,7 +99,6 @@ async def warmup(agent: Any, args: argparse.Namespace) -> int:
     # in the qmd home and child environment the backend's start-up made
     steps = [("embed", backend.argv(["embed"])), ("query", backend.argv(["query", "--json", "-n", "1"], ["test"]))]
     report: list[dict[str, Any]] = []
-    code = EXIT_OK
     for i, (step, argv) in enumerate(steps, start=1):
         if not args.json:
             sys.stderr.write(f"[{i}/{len(steps)}] qmd {step} (first run downloads models; this can take minutes)...\n")
@@ -110,7 +108,6 @@ async def warmup(agent: Any, args: argparse.Namespace) -> int:
         entry: dict[str, Any] = {"step": step, "ok": ok, "durationMs": result.duration_ms}
         if not ok:
             entry["error"] = missing_model_hint(result.stderr, step=step)
-            code = EXIT_FAILURE
         report.append(entry)
         if not args.json:
             sys.stderr.write(f"    {'ok' if ok else 'failed'} in {result.duration_ms} ms"
@@ -118,5 +115,5 @@ async def warmup(agent: Any, args: argparse.Namespace) -> int:
         if not ok:
             break
     if args.json:
-        emit_json({"ok": code == EXIT_OK, "steps": report})
-    return code
+        emit_json({"ok": ok, "steps": report})
+    return EXIT_OK if ok else EXIT_FAILURE

@@ -112,6 +112,8 @@ def run_command(args: argparse.Namespace, *, qmd_runner: Any = None) -> int:
             if args.command not in ("serve", "mcp"):  # these log them (logging's default)
                 print_config_warnings(agent.config_warning_lines())
             handler = partial(_search, qmd_runner=qmd_runner) if qmd_runner else _handler(args.command)
+            if args.command == "eval":  # each eval workspace gets its own agent from the config
+                handler = partial(handler, cfg=cfg)
             code = anyio.run(handler, agent, args)
             if key is not None and code == EXIT_OK:
                 from qmdbridge.cli.search_cache import record_search_settings

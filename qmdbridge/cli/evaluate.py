@@ -128,25 +128,23 @@ def format_report(report: EvalReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def run_eval(agent: Any, args: argparse.Namespace) -> int:
-    """Run ``qmdbridge eval``; prints the report and returns 0, or 1 when ``--backend qmd``
-    was asked and every search fell back.
+async def run_eval(agent: Any, args: argparse.Namespace, *, cfg: Any) -> int:
+    """Run ``qmdbridge eval`` with the loaded config ``cfg`` (each workspace gets its own agent
+    from it, not ``agent``); prints the report and returns 0, or 1 when ``--backend qmd`` was
+    asked and every search fell back.
 
     Raises:
         UsageError: ``--queries`` without ``--workspace`` or ``--workspace`` with ``--locomo``,
             and what :func:`~qmdbridge.evaluation.runner.run_locomo` / ``run_queries`` raise.
     """
-    from qmdbridge.config import load_config
     from qmdbridge.evaluation.runner import check_options, run_locomo, run_queries
 
-    del agent  # each eval workspace gets its own agent config (see eval_agent)
     options = EvalOptions(max_results=args.max_results, min_score=args.min_score,
                           provider=args.provider, model_path=args.model,
                           cache_dir=Path(args.cache_dir) if args.cache_dir else None,
                           backend=args.backend, qmd_search_mode=args.qmd_search_mode,
                           long_lived=args.long_lived)
-    check_options(options)  # before the config is read: a usage error needs no config
-    cfg = load_config(args.config)
+    check_options(options)  # before any LoCoMo or queries file is read
     with eval_progress(enabled=not args.json) as on_progress:
         if args.locomo is not None:
             if args.workspace is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import logging
 import os
 import socket
@@ -91,13 +92,34 @@ def build_server(manager: MemoryManager) -> Server[Any, Any]:
 
 
 async def _serve_stdio(server: Server[Any, Any]) -> None:
-    """Serve one MCP session on stdin/stdout until the client closes stdin."""
+    """Serve one MCP session on stdin/stdout until the client closes stdin. A line is read by
+    ``json.loads`` (bytes that are not UTF-8 as U+FFFD), which keeps a lone surrogate escape
+    (``"\\udcff"``) that the SDK's reader refuses, leaving the request unanswered."""
     from mcp.server.stdio import stdio_server
+    from mcp.shared.message import SessionMessage
 
-    async with stdin_lines() as receive:
-        lines = (line.decode("utf-8", "replace") async for line in receive)
-        async with stdio_server(stdin=cast(Any, lines)) as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+    send, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+
+    async def read(lines: Any) -> None:
+        async with send:
+            async for line in lines:
+                try:
+                    message: SessionMessage | Exception = SessionMessage(types.JSONRPCMessage.model_validate(
+                        json.loads(line.decode("utf-8", "replace"))))
+                except ValueError as exc:  # not JSON, or not a JSON-RPC message: the SDK tells the client
+                    message = exc
+                await send.send(message)
+
+    async with stdin_lines() as lines, stdio_server(stdin=cast(Any, _no_lines())) as (_, write_stream), \
+            anyio.create_task_group() as tg:
+        tg.start_soon(read, lines)
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+async def _no_lines() -> Any:
+    """No input for the SDK's own stdin reader (:func:`_serve_stdio` reads stdin)."""
+    return
+    yield
 
 
 class _ClosedSessionStreams(logging.Filter):

@@ -301,3 +301,36 @@ async def test_a_name_that_is_not_utf8_over_the_sdk_client(setup: tuple[Path, di
                      "UTF-8 is written with \\xHH escapes, as search cites it: memory/caf\\xe9.md)"})
         status = await session.call_tool("status", {})
         assert (status.structuredContent or {})["files"] == 3
+
+
+def test_a_lone_surrogate_escape_over_stdio_is_answered(setup: tuple[Path, dict[str, str]]) -> None:
+    """A request whose JSON holds a lone surrogate escape (``"\\udcff"``: a name's byte as
+    Python's surrogateescape reads it; ``"\\ud83d"``: half an emoji, cut by JavaScript) is
+    answered under its id, as over the daemon socket (the SDK's reader refused the line and
+    left the request unanswered), and the session keeps serving."""
+    ws, env = setup
+    proc, _ = start(["mcp", "--workspace", str(ws)], env, ready="qmdbridge mcp: agent main", stdin=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def call(line: bytes) -> dict[str, Any]:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(line + b"\n")
+        proc.stdin.flush()
+        return orjson.loads(proc.stdout.readline())  # type: ignore[no-any-return]
+
+    try:
+        assert call(orjson.dumps(INIT))["id"] == 1
+        proc.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+        got = call(b'{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "memory_get",'
+                   b' "arguments": {"path": "memory/caf\\udce9.md"}}}')
+        assert (got["id"], got["result"]["isError"], got["result"]["structuredContent"]) == (2, True, {
+            "path": "memory/caf\\xe9.md", "text": "", "disabled": True, "refused": True,
+            "error": "path refused: 'memory/caf\\udce9.md': invalid characters (a file name that is not "
+                     "UTF-8 is written with \\xHH escapes, as search cites it: memory/caf\\xe9.md)"})
+        found = call(b'{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "memory_search",'
+                     b' "arguments": {"query": "Kestrel migration \\ud83d"}}}')
+        assert found["id"] == 3
+        assert [h["path"] for h in found["result"]["structuredContent"]["results"]] == ["memory/2026-01-05.md"]
+    finally:
+        proc.stdin.close()
+        assert stop(proc) == 0

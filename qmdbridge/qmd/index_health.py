@@ -106,9 +106,6 @@ class IndexProblem:
     reason: str
     corrupt: bool
 
-    def __str__(self) -> str:
-        return self.reason
-
 
 class IndexHealth:
     """Whether one qmd index was lost or damaged, and its repair: ``home`` (its ``index.sqlite``, the
@@ -155,7 +152,7 @@ class IndexHealth:
             BackendUnavailableError: the update failed (:attr:`problem` keeps the reason).
         """
         db = self.home.index_db
-        self.problem = f"{why}; re-indexing it (qmd update)"
+        self.problem = f"{why.reason}; re-indexing it (qmd update)"
         self._restoring = True
         log.warning("%s", self.problem)
         try:
@@ -171,7 +168,7 @@ class IndexHealth:
                         log.warning("moved the corrupt qmd index aside to %s", aside)
             await self.reindex()
         except BackendUnavailableError as exc:
-            self.problem = f"{why}; re-indexing failed: {exc.reason}"
+            self.problem = f"{why.reason}; re-indexing failed: {exc.reason}"
             raise
         finally:
             self._restoring = False
@@ -204,8 +201,8 @@ class IndexHealth:
             return None
         if background is not None and background.is_open:
             if not self._restoring:
-                self.problem = f"{why}; re-indexing it (qmd update) in the background"
+                self.problem = f"{why.reason}; re-indexing it (qmd update) in the background"
             background.start_soon(RESTORE_TASK, lambda: self.restore(why), retry=False, dedupe=True)
         elif self.problem is None:
-            self.problem = f"{why}; run `qmdbridge qmd update` to re-index it"
+            self.problem = f"{why.reason}; run `qmdbridge qmd update` to re-index it"
         return self.problem

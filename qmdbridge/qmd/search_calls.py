@@ -331,9 +331,7 @@ async def probe_search(run: RunSearch, *, timeout_ms: int) -> str | None:
         res = await run(args, [PROBE_QUERY], timeout_ms)
         if not res.ok and is_busy(res.stderr):
             return None  # qmd answered: a writer holds its index (status says indexing)
-        if not res.ok:
-            res.check()
-        parse_qmd_json(res.stdout, res.stderr, command="search")
+        parse_qmd_json(res.check().stdout, res.stderr, command="search")
     except BackendTimeoutError:
         return str(BackendTimeoutError("qmd", _summary(args, PROBE_QUERY), timeout_ms,
                                        setting=SEARCH_TIMEOUT_SETTING))

@@ -97,7 +97,7 @@ class BackgroundTasks:
         self._failing: dict[str, BackgroundError] = {}
 
     async def __aenter__(self) -> BackgroundTasks:
-        if self._outer is not None or self._closed or self._root is not self:  # a subgroup: its parent
+        if self._outer is not None or self._closed or self._root is not self:  # a subgroup: by its root
             raise UsageError("background tasks can be opened once")
         outer = anyio.create_task_group()
         await outer.__aenter__()

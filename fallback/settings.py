@@ -193,7 +193,8 @@ class StoreSettings(SettingsModel):
     dsn: str | None = Field(default=None, repr=False)
     schema_: Annotated[str, AfterValidator(check_schema)] = Field(default="qmdbridge", alias="schema")
     share_with: Annotated[list[str], AfterValidator(  # trimmed, lower-cased, once each
-        lambda v: list(dict.fromkeys(a.strip().lower() for a in v if a.strip())))] = Field(default_factory=list)
+        lambda v: list(dict.fromkeys(a.strip().lower() for a in v if a.strip())))] = Field(
+            default_factory=list)
     connect_timeout_ms: int = Field(default=5000, gt=0)
     statement_timeout_ms: int = Field(default=10000, gt=0)
     vector: VectorStoreSettings = Field(default_factory=VectorStoreSettings)

@@ -192,11 +192,6 @@ class QmdConfig(SettingsModel):
             raise ValueError("a program path, or a list whose first item is the program")
         return v
 
-    @property
-    def command_key(self) -> str:
-        """``command`` as one string (the list form joined by U+001F), to key state by."""
-        return self.command if isinstance(self.command, str) else "\x1f".join(self.command)
-
 
 class MemoryConfig(SettingsModel):
     """``memory``: backend choice, citations and the qmd sidecar."""

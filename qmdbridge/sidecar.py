@@ -43,8 +43,9 @@ class QmdSidecar:
         self._env = dict(env)
         self._now = now_ms
         self._background = background
+        command = agent.memory.qmd.command  # the scope: as one string, a list's words joined by U+001F
         self.breaker = CircuitBreaker(qmd_home(agent.state_dir, agent.agent_id).startup_breaker,
-                                      scope=agent.memory.qmd.command_key)
+                                      scope=command if isinstance(command, str) else "\x1f".join(command))
         self.backend: MemoryBackend | None = None
         self.ready = False
         self.unavailable: str | None = None  # why the last start-up failed

@@ -32,72 +32,54 @@ log = logging.getLogger("qmdbridge")
 _QUERY = QuerySettings.model_fields
 _COUNT: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}
 
+
+def _tool(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """A tool's schema, its ``parameters`` a JSON Schema object that takes no other key."""
+    return {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": properties, "required": required, "additionalProperties": False}}
+
+
 # The tools' schemas; their ``parameters`` are docs/serve-protocol.schema.json's ``*Params``.
 # Defaults are read from their owners (the settings models, the read page), never restated.
-MEMORY_SEARCH_SCHEMA: dict[str, Any] = {
-    "name": "memory_search",
-    "description": (
-        "Search long-term memory (MEMORY.md, memory/*.md and configured notes) with hybrid "
-        "keyword + semantic search. Returns snippets with path, line range and score; use "
-        "memory_get to read more of a file."),
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "query": {"type": "string", "description": "What to look for (a blank query is refused)."},
-            "maxResults": {**_COUNT, "description": (
-                f"Hits wanted (default query.maxResults, {_QUERY['max_results'].default}, on the builtin "
-                f"engine; memory.qmd.limits.maxResults, {QmdLimits.model_fields['max_results'].default},"
-                " on the qmd backend).")},
-            "minScore": {"type": "number", "minimum": 0, "maximum": 1, "description": (
-                f"Score floor (default query.minScore, {_QUERY['min_score'].default}, on the builtin "
-                "engine; none on the qmd backend).")},
-            "corpus": {"type": "string", "enum": list(SEARCH_CORPORA), "description": (
-                "What to search: memory files, session transcripts (when indexed), all (default: every "
-                "indexed source) or wiki (no wiki corpus is configured: no hits, a warning).")},
-        },
-        "required": ["query"],
-        "additionalProperties": False,
-    },
-}
+MEMORY_SEARCH_SCHEMA = _tool("memory_search", (
+    "Search long-term memory (MEMORY.md, memory/*.md and configured notes) with hybrid "
+    "keyword + semantic search. Returns snippets with path, line range and score; use "
+    "memory_get to read more of a file."), {
+        "query": {"type": "string", "description": "What to look for (a blank query is refused)."},
+        "maxResults": {**_COUNT, "description": (
+            f"Hits wanted (default query.maxResults, {_QUERY['max_results'].default}, on the builtin "
+            f"engine; memory.qmd.limits.maxResults, {QmdLimits.model_fields['max_results'].default},"
+            " on the qmd backend).")},
+        "minScore": {"type": "number", "minimum": 0, "maximum": 1, "description": (
+            f"Score floor (default query.minScore, {_QUERY['min_score'].default}, on the builtin "
+            "engine; none on the qmd backend).")},
+        "corpus": {"type": "string", "enum": list(SEARCH_CORPORA), "description": (
+            "What to search: memory files, session transcripts (when indexed), all (default: every "
+            "indexed source) or wiki (no wiki corpus is configured: no hits, a warning).")},
+    }, ["query"])
 
-MEMORY_GET_SCHEMA: dict[str, Any] = {
-    "name": "memory_get",
-    "description": (
-        "Read a memory file (or a line range of it) returned by memory_search. Pages of "
-        f"{DEFAULT_READ_LINES} lines; follow the continuation notice's 'from' (and 'fromChar' for a long line) to read on."),
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "path": {"type": "string", "description": (
-                "Workspace-relative path, e.g. memory/2026-03-01.md (qmd/<collection>/... for qmd "
-                "collections, sessions/<file>.jsonl for a builtin session hit).")},
-            "from": {**_COUNT, "description": "First line, 1-based (default 1)."},
-            "lines": {**_COUNT, "description": f"Lines wanted (default {DEFAULT_READ_LINES})."},
-            "fromChar": {**_COUNT, "description": (
-                "First character (code point) of line from, 1-based (default 1): how a line cut at "
-                "the page's character budget is read on.")},
-            "corpus": {"type": "string", "enum": list(GET_CORPORA), "description": (
-                "all (default) reads memory files and session transcripts, memory only memory files (a "
-                "transcript is refused); wiki refuses every path (no wiki corpus is configured).")},
-        },
-        "required": ["path"],
-        "additionalProperties": False,
-    },
-}
-
+MEMORY_GET_SCHEMA = _tool("memory_get", (
+    "Read a memory file (or a line range of it) returned by memory_search. Pages of "
+    f"{DEFAULT_READ_LINES} lines; follow the continuation notice's 'from' (and 'fromChar' for a long line) "
+    "to read on."), {
+        "path": {"type": "string", "description": (
+            "Workspace-relative path, e.g. memory/2026-03-01.md (qmd/<collection>/... for qmd "
+            "collections, sessions/<file>.jsonl for a builtin session hit).")},
+        "from": {**_COUNT, "description": "First line, 1-based (default 1)."},
+        "lines": {**_COUNT, "description": f"Lines wanted (default {DEFAULT_READ_LINES})."},
+        "fromChar": {**_COUNT, "description": (
+            "First character (code point) of line from, 1-based (default 1): how a line cut at "
+            "the page's character budget is read on.")},
+        "corpus": {"type": "string", "enum": list(GET_CORPORA), "description": (
+            "all (default) reads memory files and session transcripts, memory only memory files (a "
+            "transcript is refused); wiki refuses every path (no wiki corpus is configured).")},
+    }, ["path"])
 
 # serve's ``sync`` request (no MCP tool).
-SYNC_SCHEMA: dict[str, Any] = {
-    "name": "sync",
-    "description": "Index the memory files now (force: rebuild from scratch, swapped in atomically).",
-    "parameters": {
-        "type": "object",
-        "properties": {"force": {"type": "boolean",
-                                 "description": "Rebuild the index from scratch (swapped in atomically)."}},
-        "required": [],
-        "additionalProperties": False,
-    },
-}
+SYNC_SCHEMA = _tool(
+    "sync", "Index the memory files now (force: rebuild from scratch, swapped in atomically).",
+    {"force": {"type": "boolean",
+               "description": "Rebuild the index from scratch (swapped in atomically)."}}, [])
 
 _TYPE_NAMES = {"integer": "an integer", "number": "a number", "string": "a string",
                "boolean": "a boolean"}

@@ -99,8 +99,7 @@ class PidFileLock:
     @property
     def held(self) -> bool:
         """Whether this object holds the lock now."""
-        lock = self._lock
-        return lock is not None and lock.is_locked
+        return self._lock is not None and self._lock.is_locked
 
     def timeout_error(self, timeout_ms: int) -> Exception:
         """The error raised when the budget ``timeout_ms`` ran out: :class:`LockTimeoutError`

@@ -43,10 +43,10 @@ def lookup(store: Store | ReadOnlyStore, provider: EmbeddingProvider,
 
 
 def store_and_prune(store: Store, provider: EmbeddingProvider, vectors: dict[str, list[float]],
-                    hits: list[str], *, now_ms: int, max_entries: int) -> int:
+                    hits: list[str], *, now_ms: int, max_entries: int) -> None:
     """In one write transaction: mark ``hits`` used at ``now_ms``, upsert the non-empty
-    ``vectors`` (hash -> embedding) and :func:`prune`; returns the rows pruned. Raises
-    ``IndexStoreError`` (nothing of it is kept)."""
+    ``vectors`` (hash -> embedding) and :func:`prune`. Raises ``IndexStoreError`` (nothing of
+    it is kept)."""
     p = provider
     with store.transaction() as conn:
         conn.executemany(
@@ -58,18 +58,16 @@ def store_and_prune(store: Store, provider: EmbeddingProvider, vectors: dict[str
             " embedding, dims, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
             [(p.provider_id, p.model, p.provider_key, h, orjson.dumps(v).decode(), len(v), now_ms)
              for h, v in vectors.items() if v])
-        return prune(conn, max_entries=max_entries)
+        prune(conn, max_entries=max_entries)
 
 
-def prune(conn: Any, *, max_entries: int) -> int:
+def prune(conn: Any, *, max_entries: int) -> None:
     """Delete the least recently used rows beyond ``max_entries`` in the caller's transaction
-    on ``conn`` (oldest ``updated_at``, then oldest row, first); returns the rows deleted."""
+    on ``conn`` (oldest ``updated_at``, then oldest row, first)."""
     count = int(conn.execute("SELECT COUNT(*) FROM embedding_cache").fetchone()[0])
-    if count <= max_entries:
-        return 0
-    conn.execute("DELETE FROM embedding_cache WHERE rowid IN (SELECT rowid FROM embedding_cache"
-                 " ORDER BY updated_at ASC, rowid ASC LIMIT ?)", (count - max_entries,))
-    return count - max_entries
+    if count > max_entries:
+        conn.execute("DELETE FROM embedding_cache WHERE rowid IN (SELECT rowid FROM embedding_cache"
+                     " ORDER BY updated_at ASC, rowid ASC LIMIT ?)", (count - max_entries,))
 
 
 def fingerprint(provider: EmbeddingProvider) -> str:

@@ -97,8 +97,8 @@ def full_reindex_reason(meta: Any, identity: dict[str, Any]) -> str | None:
         return "sources changed"
     if meta.get("scopeHash") != identity["scopeHash"]:
         return "scope changed"
-    chunking = (("chunkTokens", None), ("chunkOverlap", None), ("chunkSections", False), ("chunkingVersion", 1))
-    if any(meta.get(key, old_default) != identity[key] for key, old_default in chunking):
+    chunking = {"chunkTokens": None, "chunkOverlap": None, "chunkSections": False, "chunkingVersion": 1}
+    if any(meta.get(key, old_default) != identity[key] for key, old_default in chunking.items()):
         return "chunking changed"
     if meta.get("embedWindows") != identity["embedWindows"]:
         return "embedding windows changed"

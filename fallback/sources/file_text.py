@@ -17,8 +17,8 @@ from fallback.sources.memory_files import NOFOLLOW_READ, SYMLINK_ERRNOS, SYMLINK
 from fallback.sources.stamps import change_time_ns
 from fallback.text.scripts import sha256_hex
 
-__all__ = ["BINARY_FILE", "VANISHED", "FileContent", "is_binary", "is_binary_file", "is_binary_path", "list_session_files",
-           "read_memory_text", "read_session_text"]
+__all__ = ["BINARY_FILE", "VANISHED", "FileContent", "is_binary", "is_binary_file", "is_binary_path",
+           "list_session_files", "read_memory_text", "read_session_text"]
 
 # Skip reason of a file that disappeared between discovery and reading (not reported).
 VANISHED = "vanished before read"

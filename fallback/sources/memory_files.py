@@ -388,11 +388,8 @@ def _add_root_file(col: _Collector, workspace: str, root: RootFile) -> None:
     for name in root.symlinked:
         if not col.followed_elsewhere(os.path.join(workspace, name)):
             col.skip(os.path.join(workspace, name), SYMLINK_SKIP)
-    if root.name is None:
-        return
-    path = os.path.join(workspace, root.name)
-    st = _lstat(path)
-    if st is not None and stat.S_ISREG(st.st_mode):
+    path = os.path.join(workspace, root.name or ROOT_MEMORY_FILE)
+    if root.name is not None and (st := _lstat(path)) is not None and stat.S_ISREG(st.st_mode):
         col.add_file(path, st)
     if root.legacy_shadowed:
         col.issues.append(LEGACY_SPLIT)

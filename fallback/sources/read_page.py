@@ -437,11 +437,10 @@ def _read_page(read: Callable[[], tuple[str, int] | None], *, shown: str, displa
                backend: str, from_char: int | None = None) -> MemoryReadResult:
     """One page of what ``read()`` returns, a transient error retried; turns a missing,
     unreadable or binary file into its answer."""
-    retrying = Retrying(retry=retry_if_exception(lambda e: isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS),
-                        stop=stop_after_attempt(READ_ATTEMPTS),
-                        wait=wait_exponential(multiplier=0.01, max=0.1), reraise=True)
     try:
-        got = retrying(read)
+        got = Retrying(retry=retry_if_exception(lambda e: isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS),
+                       stop=stop_after_attempt(READ_ATTEMPTS),
+                       wait=wait_exponential(multiplier=0.01, max=0.1), reraise=True)(read)
     except MemoryFileNotFoundError:
         if (encoded := _encoded(shown)) is not None:
             raise encoded from None
@@ -463,7 +462,8 @@ def _read_page(read: Callable[[], tuple[str, int] | None], *, shown: str, displa
 
 def _file_page(at: ResolvedMemoryPath, *, shown: str, from_line: int | None, lines: int | None,
                max_chars: int = DEFAULT_READ_MAX_CHARS, backend: str,
-               max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, from_char: int | None = None) -> MemoryReadResult:
+               max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+               from_char: int | None = None) -> MemoryReadResult:
     """:func:`_read_page` of the memory file ``at`` (opened by :func:`open_memory_file`)."""
     start, count = _page_window(from_line, lines)
     # a stream reads as many more code points as the page skips of its first line

@@ -17,7 +17,7 @@ import contextlib
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -119,9 +119,7 @@ def session_id_for(path: Path) -> str:
     """The session id of a transcript file: ``abc.jsonl`` -> ``abc``,
     ``abc.jsonl.reset.<iso>`` -> ``abc.reset.<iso>``."""
     name = path.name
-    if name.endswith(".jsonl"):
-        return name[: -len(".jsonl")]
-    return name.replace(".jsonl.", ".", 1)
+    return name.removesuffix(".jsonl") if name.endswith(".jsonl") else name.replace(".jsonl.", ".", 1)
 
 
 def scan_transcripts(sessions_dir: Path) -> TranscriptScan:
@@ -322,6 +320,4 @@ class SessionDeltaTracker:
 
     def pending(self, path: Path) -> tuple[int, int, int]:
         """``(last_size, pending_bytes, pending_messages)`` for ``path`` (zeros if unknown)."""
-        state = self._states.get(str(path))
-        return (0, 0, 0) if state is None else (state.last_size, state.pending_bytes,
-                                                state.pending_messages)
+        return astuple(self._states.get(str(path), _DeltaState()))

@@ -134,7 +134,8 @@ class MemoryWatcher:
     def is_relevant(self, path: Path) -> bool:
         """Whether a changed path can affect the index, by the memory-file rule (a folder below
         a memory folder counts: it may take notes with it)."""
-        if path.parent == self.workspace and path.name in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE, MEMORY_DIR_NAME):
+        if path.parent == self.workspace and path.name in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE,
+                                                           MEMORY_DIR_NAME):
             return True
         for root in self.roots[1:]:
             if path == root.entry:
@@ -198,19 +199,16 @@ class MemoryWatcher:
         root = next((r for r in self._watched_roots
                      if folder == r or folder.startswith(r.rstrip(os.sep) + os.sep)), folder)
         depth = 0 if folder == root else folder[len(root):].strip(os.sep).count(os.sep) + 1
-        with os.scandir(folder) as it:
-            entries = list(it)
         keep: list[os.DirEntry[str]] = []
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue
-            try:
-                is_dir = entry.is_dir(follow_symlinks=False)
-            except OSError:
-                continue
-            if is_dir and (entry.name in SKIP_DIR_NAMES or depth >= MAX_WATCH_DEPTH):
-                continue
-            keep.append(entry)
+        with os.scandir(folder) as it:
+            for entry in it:
+                try:
+                    if entry.name.startswith(".") or entry.is_dir(follow_symlinks=False) and (
+                            entry.name in SKIP_DIR_NAMES or depth >= MAX_WATCH_DEPTH):
+                        continue
+                except OSError:
+                    continue
+                keep.append(entry)
         return iter(keep)
 
     def _new_observer(self, polling: bool) -> Any:

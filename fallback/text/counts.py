@@ -10,7 +10,5 @@ def counted(n: int, noun: str, verb: str = "") -> str:
     agreeing with it: ``counted(1, "file", "wait")`` is ``"1 file waits"``,
     ``counted(3, "memory file")`` is ``"3 memory files"``. English ``-s`` forms only."""
     one = n == 1
-    words = [str(n), noun if one else noun + "s"]
-    if verb:
-        words.append(verb + "s" if one else verb)
-    return " ".join(words)
+    phrase = f"{n} {noun if one else noun + 's'}"
+    return f"{phrase} {verb + 's' if one else verb}" if verb else phrase

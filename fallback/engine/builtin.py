@@ -389,10 +389,12 @@ class BuiltinEngine:
     def _keyword_answer(self, store: SearchStore, request: SearchRequest, *, synced: bool,
                         dirty: bool, warnings: Sequence[str] = ()) -> SearchOutcome | IndexState:
         """A keyword-only search in one blocking step: the index state when it wants a sync
-        first or holds another workspace, else :meth:`_keyword_outcome`."""
+        first, holds another workspace or other agents share scopes with this one (the task
+        group ranks those), else :meth:`_keyword_outcome`."""
         state = read_index_state(store, str(self.settings.workspace_dir), self._keyword_identity)
         if state.held_workspace is not None or not isinstance(store, ReadOnlyStore) and presearch_sync(
-                state, synced=synced, dirty=dirty, on_search=self.settings.search.sync.on_search):
+                state, synced=synced, dirty=dirty, on_search=self.settings.search.sync.on_search
+        ) or self._shared_scopes(self._ranking_args(request)[2]):
             return state
         return self._keyword_outcome(store, request, warnings)
 
@@ -487,10 +489,7 @@ class BuiltinEngine:
                                     warnings=warnings)
         syncs, ws = self._syncs_done, str(self.settings.workspace_dir)
         identity = index_identity(self.settings, provider)
-        limit, floor, srcs = self._ranking_args(request)
-        # scopes other agents share (postgres) are ranked beside the own one in the task group below
-        shared = await anyio.to_thread.run_sync(self._shared_scopes, srcs) if self._stores.is_postgres else {}
-        keyword_only = self._keyword_only(request) and not shared
+        keyword_only = self._keyword_only(request)
         if keyword_only:  # one worker-thread hop when no sync is due
             found = await anyio.to_thread.run_sync(partial(
                 self._keyword_answer, store, request, synced=self._synced, dirty=self._dirty,
@@ -515,7 +514,10 @@ class BuiltinEngine:
                 f"index store {self.settings.db_path} holds workspace {state.held_workspace}, not {ws},"
                 " and cannot be re-indexed: no results from it")])
         self.warm_session(request.session_key)
-        if keyword_only:
+        limit, floor, srcs = self._ranking_args(request)
+        # scopes other agents share (postgres) are ranked beside the own one in the task group below
+        shared = await anyio.to_thread.run_sync(self._shared_scopes, srcs) if self._stores.is_postgres else {}
+        if keyword_only and not shared:
             return self._live_warning(await anyio.to_thread.run_sync(
                 self._keyword_outcome, store, request, warnings))
         prepared = None if provider is None or qv is None else await self._prepare_vector(

@@ -97,8 +97,9 @@ class BackgroundTasks:
         self._failing: dict[str, BackgroundError] = {}
 
     async def __aenter__(self) -> BackgroundTasks:
-        if self._outer is not None or self._closed or self._root is not self:  # a subgroup: by its root
-            raise UsageError("background tasks can be opened once")
+        if self._outer is not None or self._closed or self._root is not self:
+            raise UsageError("background tasks can be opened once" if self._root is self else
+                             "a subgroup shares its parent's task group; open the parent instead")
         outer = anyio.create_task_group()
         await outer.__aenter__()
         self._outer = outer

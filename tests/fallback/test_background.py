@@ -101,6 +101,18 @@ async def test_status_lists_a_task_that_keeps_failing_and_close_stops_it() -> No
     assert tasks.running == 0 and not tasks.is_open
 
 
+async def test_a_subgroup_is_opened_by_its_parent() -> None:
+    async with BackgroundTasks(policy=FAST) as tasks:
+        with pytest.raises(UsageError) as caught:
+            async with tasks.subgroup("qmd"):
+                pass
+    assert str(caught.value) == "a subgroup shares its parent's task group; open the parent instead"
+    with pytest.raises(UsageError) as caught:
+        async with tasks:
+            pass
+    assert str(caught.value) == "background tasks can be opened once"
+
+
 async def test_not_retried_and_closed_owner_stop_quietly() -> None:
     calls: list[str] = []
 

@@ -64,12 +64,18 @@ class MemoryBackend(Protocol):
 
     async def search(self, request: SearchRequest, *, sync_budget_ms: int | None = None,
                      progress: ProgressCallback | None = None) -> SearchOutcome:
-        """Answer the checked ``request`` (``None`` limits: the backend's defaults; scope is the
-        manager's) with every :class:`SearchOutcome` field set; ``sync_budget_ms``: longest wait
-        in ms for a pre-search index refresh (``None``: the backend's default); ``progress``:
-        of that refresh (qmd ignores it).
+        """Answer one search (scope rules are the manager's).
 
-        Raises ``BackendUnavailableError``: the backend cannot answer.
+        Args:
+            request: the checked request (``None`` limits: the backend's defaults).
+            sync_budget_ms: longest wait in ms for a pre-search index refresh (``None``: the backend's).
+            progress: of that refresh (qmd ignores it).
+
+        Returns:
+            A :class:`SearchOutcome`, every field set.
+
+        Raises:
+            BackendUnavailableError: the backend cannot answer.
         """
         ...
 

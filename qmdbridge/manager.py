@@ -172,19 +172,26 @@ class MemoryManager:
                      inherited_session_keys: Sequence[str] = (),
                      corpus: str | None = None,
                      progress: ProgressCallback | None = None) -> SearchResponse:
-        """Run ``memory_search`` for ``query``: ``max_results`` hits (default ``query.maxResults``
-        / ``limits.maxResults``) scoring at least ``min_score`` in [0, 1] (default
-        ``query.minScore`` on the builtin engine, none on qmd), as ``session_key`` (``None``:
-        owner call) acting for ``inherited_session_keys`` (scope rules), from ``sources`` and
-        ``corpus`` (``memory`` | ``sessions`` | ``all`` (``None``) | ``wiki``, which narrows
-        ``sources``); ``explain`` attaches the builtin engine's ranking trace to every hit;
-        ``progress`` (:data:`~fallback.contract.ProgressCallback`) of a sync the builtin engine runs first.
+        """Run ``memory_search``.
 
-        Returns the ``SearchResponse``: no results, with ``denied`` set or a warning, when scope
-        refuses or the corpus is empty.
+        Args:
+            query: the user's text (blank: a usage error).
+            max_results / min_score: hits wanted, and the score floor in [0, 1]; ``None``: ``query.*``'s
+                on the builtin engine, ``limits.maxResults`` and no floor on qmd.
+            session_key / inherited_session_keys: the runtime's session key (``None``: owner call) and
+                the keys it acts for, read by the scope rules.
+            sources / corpus: ``memory`` and/or ``sessions``; ``memory`` | ``sessions`` | ``all``
+                (``None``) | ``wiki``, which narrows ``sources``.
+            explain: attach the builtin engine's ranking trace to every hit.
+            progress: :data:`~fallback.contract.ProgressCallback` of a sync the builtin engine runs first.
 
-        Raises ``UsageError`` (blank query, bad limit, unknown corpus) or
-        ``BackendUnavailableError`` (no backend could answer).
+        Returns:
+            The ``SearchResponse``; no results, with ``denied`` or a warning, when scope refuses or
+            the corpus is empty.
+
+        Raises:
+            UsageError: blank query, bad limit, unknown corpus.
+            BackendUnavailableError: no backend could answer.
         """
         admitted = self._admit(query, max_results=max_results, min_score=min_score,
                                session_key=session_key, sources=sources, explain=explain,

@@ -48,9 +48,7 @@ class ConfigError(MemorySearchError):
         self.file = file
         self.key = key
         self.expected = expected
-        where = file or "<config>"
-        if key:
-            where += f": {key}"
+        where = (file or "<config>") + (f": {key}" if key else "")
         detail = message if not expected else f"{message} (expected {expected})"
         super().__init__(f"{where}: {detail}")
 
@@ -83,7 +81,7 @@ class MemoryFileNotFoundError(MemorySearchError):
 
 class BackendUnavailableError(MemorySearchError):
     """Raised when a ``backend`` (``qmd``, ``builtin``) cannot answer, with a one-line
-    ``reason``; the manager falls back on it."""
+    ``reason``; the manager falls back on it. ``message`` replaces ``<backend> unavailable: <reason>``."""
 
     def __init__(self, backend: str, reason: str, *, message: str | None = None) -> None:
         self.backend = backend
@@ -101,16 +99,14 @@ class SearchUnavailableError(BackendUnavailableError):
 
 
 class BackendTimeoutError(BackendUnavailableError, TimeoutError):
-    """Raised when a backend call (``summary``: ``qmd search foo --json -n 6``) runs past its
-    deadline: ``<summary> timed out after <timeout_ms>ms (<setting>); <hint>``, the config key
-    of the deadline (``setting``) and what may have made it slow (``hint``) when known."""
+    """Raised when a backend call runs past its deadline: ``<summary> timed out after
+    <timeout_ms>ms (<setting>); <hint>``. ``summary``: the call (``qmd search foo --json -n 6``);
+    ``timeout_ms``: the deadline, in ms; ``setting``: its config key; ``hint``: what may have
+    made it slow (``setting`` and ``hint``: ``None`` when unknown)."""
 
     def __init__(self, backend: str, summary: str, timeout_ms: int, *,
                  setting: str | None = None, hint: str | None = None) -> None:
-        self.timeout_ms = timeout_ms
-        self.summary = summary
-        self.setting = setting
-        self.hint = hint
+        self.timeout_ms, self.summary, self.setting, self.hint = timeout_ms, summary, setting, hint
         super().__init__(backend, f"{summary} timed out after {timeout_ms}ms"
                          + (f" ({setting})" if setting else "") + (f"; {hint}" if hint else ""))
 
@@ -125,13 +121,11 @@ class IndexStoreError(MemorySearchError):
 
 class LockTimeoutError(MemorySearchError, TimeoutError):
     """Raised when an inter-process file lock (``fallback/fs/lock.py``) at ``path`` is still held
-    when the wait budget (``timeout_ms``) runs out; ``holder_pid``: the live holder's recorded
-    pid, or ``None``."""
+    when the wait budget (``timeout_ms``, in ms) runs out; ``holder_pid``: the live holder's
+    recorded pid, or ``None``."""
 
     def __init__(self, path: str, timeout_ms: int, holder_pid: int | None) -> None:
-        self.path = path
-        self.timeout_ms = timeout_ms
-        self.holder_pid = holder_pid
+        self.path, self.timeout_ms, self.holder_pid = path, timeout_ms, holder_pid
         who = f"another process (pid {holder_pid})" if holder_pid is not None else "another process"
         super().__init__(f"{who} holds the lock {path}; waiting for it timed out after {timeout_ms} ms")
 

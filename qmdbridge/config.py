@@ -496,15 +496,18 @@ def _model_path_from_config_folder(search: MemorySearchSettings,
 def resolve_agent(cfg: OpenClawConfig, agent_id: str | None = None, *,
                   workspace: str | Path | None = None,
                   env: dict[str, str] | None = None) -> ResolvedAgent:
-    """Resolve one agent of ``cfg``: workspace, state dir (``env``'s ``OPENCLAW_STATE_DIR``,
-    default ``os.environ``), merged search settings, store path. ``agent_id`` ``None`` picks the
-    ``default`` entry, else ``agents.entries.main``, else the first entry, else ``main``. The
-    workspace is ``workspace`` (``--workspace``), else the agent's own, else
-    ``agents.defaults.workspace`` (``/<id>`` added for other agents than the default), else
-    ``<stateDir>/workspace`` (``workspace-<id>``).
+    """Resolve one agent of ``cfg``: workspace, state dir, merged search settings, store path.
 
-    Raises ``ConfigError`` (the merged per-agent settings are invalid) or ``UsageError``
-    (``workspace`` is given but blank).
+    Args:
+        agent_id: ``None`` picks the ``default`` entry, else ``agents.entries.main``, the first, else ``main``.
+        workspace: overrides the workspace (``--workspace``); else the agent's own, else
+            ``agents.defaults.workspace`` (``/<id>`` added for other agents than the default),
+            else ``<stateDir>/workspace`` (``workspace-<id>``).
+        env: gives ``OPENCLAW_STATE_DIR`` (default ``os.environ``).
+
+    Raises:
+        ConfigError: the merged per-agent settings are invalid.
+        UsageError: ``workspace`` is given but blank.
     """
     if workspace is not None and not str(workspace).strip():
         raise UsageError("workspace must not be empty")

@@ -87,11 +87,15 @@ class MemoryManager:
     runs in; leaving it (or ``close()``) cancels it and closes both backends. A ``cli`` manager
     also works without ``async with``. Every method raises ``ManagerClosedError`` after ``close()``.
 
-    ``backend`` overrides ``memory.backend``; ``mode`` is ``cli`` (one-shot: no timers or
-    watchers; searches wait for qmd's start-up) or ``full`` (long-lived: start-up, timers and
-    watchers run in the background); ``env`` (default ``os.environ``) is for qmd discovery and
-    the child processes; ``now_ms`` is the clock in epoch ms; ``qmd_runner`` runs each qmd
-    process (default ``run_command``; the one-shot CLI passes the calls it started ahead).
+    Args:
+        agent: the resolved agent config.
+        backend: overrides ``memory.backend``.
+        mode: ``cli`` (one-shot: no timers or watchers; searches wait for qmd's start-up) or
+            ``full`` (long-lived: start-up, timers and watchers run in the background).
+        env: for qmd discovery and the child processes (default ``os.environ``).
+        now_ms: the clock, epoch ms.
+        qmd_runner: runs each qmd process (default ``run_command``; the one-shot CLI passes the
+            calls it started ahead).
     """
 
     def __init__(self, agent: ResolvedAgent, *, backend: BackendName | None = None,

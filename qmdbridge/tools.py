@@ -126,9 +126,15 @@ def _number(params: dict[str, Any], key: str, kind: type[int] | type[float]) -> 
 async def handle_memory_search(manager: MemoryManager, params: dict[str, Any], *,
                                session_key: str | None = None,
                                session_keys: list[str] | None = None) -> dict[str, Any]:
-    """Handle a ``memory_search`` call (``session_key``: ``None`` = owner call;
-    ``session_keys``: keys the session inherits): the answer's JSON document
-    (``SearchResponse.to_json_dict``), or ``{results: [], disabled: true, error}`` on failure."""
+    """Handle a ``memory_search`` call (``params``: :data:`MEMORY_SEARCH_SCHEMA`'s); never raises.
+
+    Args:
+        session_key / session_keys: the caller's session key (``None``: owner call) and the keys it inherits.
+
+    Returns:
+        The answer's JSON document (``SearchResponse.to_json_dict``), or ``{results: [], disabled:
+        true, error}`` on failure.
+    """
     error = "params must be an object" if not isinstance(params, dict) else param_error(
         MEMORY_SEARCH_SCHEMA, params)
     if error is None:
@@ -150,9 +156,13 @@ async def handle_memory_search(manager: MemoryManager, params: dict[str, Any], *
 
 
 async def handle_memory_get(manager: MemoryManager, params: dict[str, Any]) -> dict[str, Any]:
-    """Handle a ``memory_get`` call: ``{path, text, from, lines, truncated, nextFrom, missing}``,
-    or ``{path, text: "", disabled: true, error, refused}`` on failure (``refused``: not a
-    memory file; ``path``: the request's, printable, so a name byte not UTF-8 can be encoded)."""
+    """Handle a ``memory_get`` call (``params``: :data:`MEMORY_GET_SCHEMA`'s); never raises.
+
+    Returns:
+        ``{path, text, from, lines, truncated, nextFrom, missing}``, or ``{path, text: "", disabled:
+        true, error, refused}`` on failure (``refused``: not a memory file; ``path``: the request's,
+        printable, so a name byte not UTF-8 can be encoded).
+    """
     path = params.get("path") if isinstance(params, dict) else None
     refused = False
     error = "params must be an object" if not isinstance(params, dict) else param_error(

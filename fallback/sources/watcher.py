@@ -245,8 +245,7 @@ class MemoryWatcher:
     def _schedule_memory_dir(self) -> None:
         mem = self.workspace / "memory"
         with self._obs_lock:
-            obs = self._observer
-            if obs is None or self._memory_watched or not mem.is_dir():
+            if (obs := self._observer) is None or self._memory_watched or not mem.is_dir():
                 return
             try:
                 obs.schedule(self, str(mem), recursive=True)
@@ -311,13 +310,8 @@ class MemoryWatcher:
         return f"missed changes in {min(missed)}{more}"
 
     def _install(self, polling: bool) -> bool:
-        """Start an observer and make it this watcher's (blocking); a native one that cannot
-        start falls back to polling. Returns whether it polls.
-
-        Raises:
-            MemorySearchError: the workspace folder is missing.
-            OSError: no observer could be started.
-        """
+        """Start an observer and make it this watcher's (blocking; a native one that cannot start
+        falls back to polling); whether it polls. Raises as :meth:`run`."""
         if not self.workspace.is_dir():  # an expected state (deleted, unmounted): no traceback
             raise MemorySearchError(f"workspace {self.workspace} is missing: its memory files "
                                     "are watched again once it is back")

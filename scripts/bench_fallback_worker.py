@@ -19,6 +19,7 @@ import anyio
 from benchlib import percentile
 from corpus import change_file, note_path, planted_token
 
+from fallback.embeddings import BaseProvider
 from fallback.request import SearchRequest
 
 __all__ = ["PreEmbeddedProvider", "SyntheticProvider", "TASKS", "agent_for"]
@@ -38,7 +39,7 @@ def agent_for(spec: dict[str, Any]) -> Any:
                          env={"OPENCLAW_STATE_DIR": spec["state"]})
 
 
-class SyntheticProvider:
+class SyntheticProvider(BaseProvider):
     """Deterministic 384-d unit vectors from a text's sha256 (no model).
 
     Used to fill a 10,000-chunk vector index in seconds: the cost of a vector search does not
@@ -46,11 +47,10 @@ class SyntheticProvider:
     """
 
     provider_id = "bench-synthetic"
-    model = "sha256-normal-384"
-    dims: int | None = 384
-    provider_key = hashlib.sha256(b"bench-synthetic").hexdigest()
-    max_input_tokens = 8192
-    max_batch_bytes = 8000
+
+    def __init__(self) -> None:
+        super().__init__(model="sha256-normal-384", dims=384, max_input_tokens=8192,
+                         provider_key=hashlib.sha256(b"bench-synthetic").hexdigest())
 
     def _vec(self, text: str) -> list[float]:
         import numpy as np
@@ -71,7 +71,7 @@ class SyntheticProvider:
         """Nothing to release."""
 
 
-class PreEmbeddedProvider:
+class PreEmbeddedProvider(BaseProvider):
     """Wraps a provider; ``embed_query`` answers from vectors computed before the timing starts.
 
     Args:

@@ -11,7 +11,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 import anyio.abc
@@ -28,32 +28,6 @@ __all__ = ["BATCH_TIMEOUT_S", "LOCAL_BATCH_TIMEOUT_S", "LOCAL_QUERY_TIMEOUT_S", 
 
 T_in = TypeVar("T_in")
 T_out = TypeVar("T_out")
-
-
-class EmbeddingProvider(Protocol):
-    """One embedding provider: its registry name (``provider_id``), the ``model`` id sent, the
-    vector length when known (``dims``), its :func:`compute_provider_key` (part of the index
-    identity and cache key), its input limit in tokens and its batches' limit in UTF-8 bytes."""
-
-    provider_id: str
-    model: str
-    dims: int | None
-    provider_key: str
-    max_input_tokens: int
-    max_batch_bytes: int
-
-    async def embed_query(self, text: str) -> list[float]:
-        """Embed one search query. Raises ``EmbeddingProviderError``."""
-        ...
-
-    async def embed_batch(self, texts: list[str]) -> list[list[float]]:
-        """Embed documents; result ``i`` belongs to ``texts[i]`` (``[]`` when missing).
-        Raises ``EmbeddingProviderError``."""
-        ...
-
-    async def aclose(self) -> None:
-        """Release HTTP clients or the loaded model."""
-        ...
 
 
 # Request batches hold at most this many UTF-8 bytes (spec 6.3; also the chunk-split cap of spec 3).
@@ -189,7 +163,9 @@ class CallPolicy:
 
 
 class BaseProvider:
-    """Shared machinery of every provider: batching, retries, halving, timeouts, checks.
+    """Every embedding provider (``provider_id``, ``model``, ``dims`` when known, its
+    :func:`compute_provider_key`, input limit in tokens, batch limit in UTF-8 bytes) and the
+    machinery they share: batching, retries, halving, timeouts, checks.
 
     A subclass sets ``provider_id`` and implements ``_request_batch(texts)`` (and optionally
     ``_request_query``), one request each; this class adds timeouts, retries (never past the
@@ -222,6 +198,10 @@ class BaseProvider:
         """Why the provider cannot embed, known without a call (a model file not downloaded
         yet), or ``None``."""
         return None
+
+    async def ensure_model(self) -> object:
+        """Bring the model in before a search's deadline starts (a local model is downloaded
+        on first use); nothing to do here. Raises ``EmbeddingProviderError``."""
 
     async def _request_query(self, text: str) -> list[float]:
         """One query request; subclasses override. Default: a batch of one."""
@@ -355,6 +335,10 @@ class BaseProvider:
 
     async def aclose(self) -> None:
         """Release resources (subclasses close HTTP clients or drop the loaded model)."""
+
+
+# The provider type the engine and the index take.
+EmbeddingProvider = BaseProvider
 
 
 async def probe(provider: EmbeddingProvider | None) -> tuple[bool, str | None]:

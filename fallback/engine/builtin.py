@@ -184,8 +184,6 @@ class BuiltinEngine:
         self._dirty = True
         self._dirty_reason = reason
 
-    live = property(lambda self: self._live, doc="The ``LiveSync`` after :meth:`start`, or None.")
-
     async def start(self, tasks: BackgroundTasks) -> None:
         """Enter live mode (``serve``) in a ``builtin`` subgroup of ``tasks``; idempotent.
         Raises ``ManagerClosedError``, ``UsageError`` (``tasks`` is not open)."""

@@ -49,11 +49,8 @@ class QueryVector:
 async def ensure_model(provider: EmbeddingProvider) -> EmbeddingProviderError | None:
     """Bring the provider's model in (a local model downloaded on first use) before a search's
     deadline starts; ``None`` when it is ready, else the error (``ModelDownloadError`` ...)."""
-    fetch = getattr(provider, "ensure_model", None)
-    if fetch is None:
-        return None
     try:
-        await fetch()
+        await provider.ensure_model()
     except EmbeddingProviderError as exc:
         return exc
     return None

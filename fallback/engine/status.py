@@ -131,8 +131,7 @@ def _common(backend: str, settings: EngineSettings, selection: Any, cache_entrie
     of a provider with its model; ``vector`` with the provider's ``providerError`` and
     ``modelMissing``; ``healthy`` without error, provider failure or missing model."""
     s, provider = settings.search, selection.provider
-    problem_of = getattr(provider, "model_problem", None)
-    model_missing = problem_of() if problem_of is not None else None
+    model_missing = provider.model_problem() if provider is not None else None
     provider_error = provider_error if provider is not None else None
     if sync_failure is not None and last_error is None:  # failed in another process (`index`)
         last_error = f"sync ({sync_failure.get('reason')}) failed: {sync_failure['error']}"

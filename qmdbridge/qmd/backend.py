@@ -31,7 +31,6 @@ from qmdbridge.config import ResolvedAgent
 from qmdbridge.paths import child_env as build_child_env
 from qmdbridge.paths import qmd_home
 from qmdbridge.qmd.collections import (
-    CollectionRun,
     ManagedCollection,
     ReconcileState,
     build_collections,
@@ -166,15 +165,14 @@ class QmdBackend:
         return await self._run(args, positionals, timeout_ms=timeout_ms,
                                setting=SEARCH_TIMEOUT_SETTING, env=search_env(self.child_env))
 
-    async def _collection_cmd(self, args: list[str], positionals: list[str]) -> CollectionRun:
+    async def _collection_cmd(self, args: list[str], positionals: list[str]) -> RunResult:
         try:
-            res = await self._run(args, positionals, timeout_ms=self.cfg.update.command_timeout_ms,
+            return await self._run(args, positionals, timeout_ms=self.cfg.update.command_timeout_ms,
                                   setting="memory.qmd.update.commandTimeoutMs")
         except BackendTimeoutError as exc:
             if self._in_startup:
                 self._startup_problem(exc.reason)
             raise
-        return CollectionRun(res.ok, res.stdout, res.stderr)
 
     def _startup_problem(self, message: str) -> None:
         self.startup_problems.append(message)

@@ -32,9 +32,9 @@ from fallback.sources.memory_files import (
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.qmd.errors import one_line
 from qmdbridge.qmd.listing import ListedCollection, parse_collection_list, parse_collection_show
-from qmdbridge.qmd.runner import is_flag_rejection, is_missing_collection
+from qmdbridge.qmd.runner import RunResult, is_flag_rejection, is_missing_collection
 
-__all__ = ["CollectionKind", "CollectionRun", "ManagedCollection", "ReconcileState", "build_collections",
+__all__ = ["CollectionKind", "ManagedCollection", "ReconcileState", "build_collections",
            "describe_collections", "fallback_engine_settings", "rule_extra_paths",
            "rebuild", "reconcile", "render_index_yml", "sanitize_name"]
 
@@ -202,22 +202,8 @@ def build_collections(agent: ResolvedAgent, *, sessions_dir: Path) -> list[Manag
     return out
 
 
-@dataclass(frozen=True)
-class CollectionRun:
-    """The outcome of one collection command: ``ok`` (exit 0), ``stdout``, ``stderr``."""
-
-    ok: bool
-    stdout: str
-    stderr: str
-
-    @property
-    def message(self) -> str:
-        """stderr, or stdout when stderr is empty."""
-        return self.stderr.strip() or self.stdout.strip()
-
-
-# run(args, positionals) -> CollectionRun; raises BackendUnavailableError (timeout, spawn).
-RunCollectionCommand = Callable[[list[str], list[str]], Awaitable[CollectionRun]]
+# run(args, positionals) -> RunResult; raises BackendUnavailableError (timeout, spawn).
+RunCollectionCommand = Callable[[list[str], list[str]], Awaitable[RunResult]]
 
 
 @dataclass
@@ -255,11 +241,16 @@ def _norm_path(raw: str | Path, workspace: Path) -> str:
     return os.path.normpath(p if p.is_absolute() else workspace / p)
 
 
-async def _safe(run: RunCollectionCommand, args: list[str], pos: list[str]) -> CollectionRun:
+def _failed(reason: str) -> RunResult:
+    """A command that did not run, ``reason`` as its stderr."""
+    return RunResult((), 1, None, "", reason, 0)
+
+
+async def _safe(run: RunCollectionCommand, args: list[str], pos: list[str]) -> RunResult:
     try:
         return await run(args, pos)
     except BackendUnavailableError as exc:
-        return CollectionRun(False, "", str(exc))
+        return _failed(str(exc))
 
 
 async def reconcile(managed: list[ManagedCollection], *, run: RunCollectionCommand,
@@ -366,7 +357,7 @@ async def _read_back(mc: ManagedCollection, run: RunCollectionCommand) -> Listed
 
 
 async def _add(mc: ManagedCollection, *, run: RunCollectionCommand,
-               state: ReconcileState) -> CollectionRun:
+               state: ReconcileState) -> RunResult:
     """``collection add`` with the remembered pattern flag, then the other one; a success is kept
     only when qmd recorded this path and pattern (read back), else removed, and when no flag is
     honoured the collection goes to ``state.refused``."""
@@ -374,7 +365,7 @@ async def _add(mc: ManagedCollection, *, run: RunCollectionCommand,
         try:  # the workspace's own memory/ (never a configured path: a typo would be created)
             mc.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            return CollectionRun(False, "", f"cannot create collection dir {mc.path}: {exc}")
+            return _failed(f"cannot create collection dir {mc.path}: {exc}")
     order = [state.pattern_flag] + [f for f in ("--mask", "--glob") if f != state.pattern_flag]
     ignored: list[str] = []
     moved = False  # a read-back named another folder (not only another pattern)
@@ -408,7 +399,7 @@ async def _add(mc: ManagedCollection, *, run: RunCollectionCommand,
                   "upgrade qmd (2.8.3 honours --mask and --glob)")
         state.refused[mc.name] = reason
         _warn(state, reason)
-        return CollectionRun(False, "", reason)
+        return _failed(reason)
     return res
 
 

@@ -93,6 +93,11 @@ class RunResult:
         return self.returncode == 0
 
     @property
+    def message(self) -> str:
+        """stderr, or stdout when stderr is empty."""
+        return self.stderr.strip() or self.stdout.strip()
+
+    @property
     def summary(self) -> str:
         """``qmd`` + the arguments (:func:`summarize`)."""
         return summarize(self.argv)

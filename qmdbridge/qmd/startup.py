@@ -17,7 +17,6 @@ from fallback.fs.atomic import write_atomic
 from fallback.index.racy import wall_clock_ms
 from qmdbridge.paths import QmdHome, ensure_home
 from qmdbridge.qmd.collections import (
-    CollectionRun,
     ManagedCollection,
     ReconcileState,
     RunCollectionCommand,
@@ -25,6 +24,7 @@ from qmdbridge.qmd.collections import (
     render_index_yml,
 )
 from qmdbridge.qmd.index_stats import file_stamp
+from qmdbridge.qmd.runner import RunResult
 
 __all__ = ["prepare_home", "reconcile_if_changed"]
 
@@ -77,7 +77,7 @@ async def reconcile_if_changed(collections: list[ManagedCollection], *, run: Run
                 return
     timed_out: BackendTimeoutError | None = None
 
-    async def counted(args: list[str], positionals: list[str]) -> CollectionRun:
+    async def counted(args: list[str], positionals: list[str]) -> RunResult:
         nonlocal timed_out
         if timed_out is not None:  # qmd hangs: the next command would wait as long
             raise timed_out

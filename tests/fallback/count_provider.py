@@ -1,21 +1,21 @@
 """A deterministic embedding provider for engine, index and store tests.
 
 Its vector of a text is ``[count of "alpha", count of "beta"]`` (case-insensitive), so a test
-can say which chunks are near a query without a model. It satisfies the engine's provider
-protocol (``provider_id, model, dims, provider_key, max_input_tokens, max_batch_bytes,
-embed_query, embed_batch, aclose``).
+can say which chunks are near a query without a model. A ``BaseProvider`` whose calls answer
+at once (no retries, timeouts or batching).
 """
 
 from __future__ import annotations
 
 import anyio
 
+from fallback.embeddings.base import BaseProvider
 from fallback.errors import EmbeddingProviderError
 
 __all__ = ["CountProvider"]
 
 
-class CountProvider:
+class CountProvider(BaseProvider):
     """Vectors ``[count of "alpha", count of "beta"]``.
 
     Args:

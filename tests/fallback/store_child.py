@@ -35,7 +35,7 @@ from typing import Any
 
 import anyio
 
-from fallback.embeddings import ProviderSelection
+from fallback.embeddings import BaseProvider, ProviderSelection
 from fallback.engine.builtin import BuiltinEngine
 from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
@@ -45,7 +45,7 @@ from fallback.store.lock import StoreWriteLock
 HASH_DIMS = 16
 
 
-class HashProvider:
+class HashProvider(BaseProvider):
     """Deterministic bag-of-words provider: each word adds 1 to dimension sha1(word) % 16.
 
     ``embed_sleep_ms`` > 0 makes every ``embed_batch`` call sleep and print ``embedded <n>``

@@ -78,7 +78,7 @@ async def live(engine: BuiltinEngine) -> AsyncIterator[BackgroundTasks]:
 
 async def _booted(engine: BuiltinEngine) -> None:
     async def done() -> bool:
-        return engine.live.sync_counts["boot"] == 1
+        return engine._live.sync_counts["boot"] == 1
     await eventually(done, "boot sync finished")
 
 
@@ -110,7 +110,7 @@ async def test_saved_renamed_deleted_and_nested_files_become_searchable(ws: Path
         # a search that finds the watcher holding changes syncs first; the watcher still hands
         # them over once its debounce has passed
         async def watch_synced() -> bool:
-            return engine.live.sync_counts["watch"] >= 1
+            return engine._live.sync_counts["watch"] >= 1
         await eventually(watch_synced, "the watcher's own sync ran")
         status = await engine.status()
         assert status.custom["watcher"]["mode"] == "native"
@@ -146,7 +146,7 @@ async def test_a_watch_sync_that_failed_once_is_not_failing_after_its_retry(
         await eventually(_finds(engine, "tern", ["memory/tern.md"]), "the retry indexed the note")
 
         async def recovered() -> bool:
-            return engine.live.watcher.snapshot()["failures"] == 0
+            return engine._live.watcher.snapshot()["failures"] == 0
         await eventually(recovered, "the retried delivery returned")
         assert tasks.status().failing == []
 
@@ -156,7 +156,7 @@ async def test_dead_watcher_thread_is_noticed_by_status_and_re_armed_on_polling(
     engine.watch_health_check_ms = 3_600_000  # only searches and status look at the watcher
     async with live(engine):
         await _booted(engine)
-        kill_observer(engine.live.watcher)
+        kill_observer(engine._live.watcher)
         status = await engine.status()  # notices it, reports it, re-arms it in the background
         assert (status.dirty, status.dirty_reason) == (
             True, "watcher dead: native watcher thread died; re-arming")
@@ -180,9 +180,9 @@ async def test_a_watcher_deaf_with_its_thread_alive_is_caught_by_folder_mtimes(w
     engine.watch_health_check_ms = 3_600_000  # only searches and status look at the watcher
     async with live(engine):
         await _booted(engine)
-        silence_observer(engine.live.watcher)  # no event from now on, thread alive
+        silence_observer(engine._live.watcher)  # no event from now on, thread alive
         (ws / "memory" / "heron.md").write_text("Grey heron at the weir.\n")
-        assert engine.live.watcher.snapshot()["events"] == 0  # nothing reported it
+        assert engine._live.watcher.snapshot()["events"] == 0  # nothing reported it
         # no rescan runs (rescan_interval_ms = 0): only the folder check can find the note
         await eventually(_finds(engine, "heron weir", ["memory/heron.md"]), "the deaf watcher noticed")
 
@@ -232,14 +232,14 @@ async def test_interval_and_rescan_keep_index_fresh_without_watcher(ws: Path,
         engine.rescan_interval_ms = 300
     async with live(engine):
         await _booted(engine)
-        assert engine.live.watcher is None
+        assert engine._live.watcher is None
         (ws / "memory" / "later.md").write_text("Osprey fishing notes.\n")
         await eventually(_finds(engine, "Osprey", ["memory/later.md"]), f"{trigger} sync ran")
 
         async def counted() -> bool:
-            return engine.live.sync_counts[trigger] >= 1
+            return engine._live.sync_counts[trigger] >= 1
         await eventually(counted, f"{trigger} sync counted")
-        assert engine.live.sync_counts["watch"] == 0
+        assert engine._live.sync_counts["watch"] == 0
 
 
 def _record(role: str, text: str) -> bytes:
@@ -262,14 +262,14 @@ async def test_session_delta_threshold_syncs_after_batch_window(ws: Path) -> Non
     engine, path = _session_engine(ws, 200)
     async with live(engine):
         await _booted(engine)
-        assert engine.live.tracker.pending(path) == (path.stat().st_size, 0, 0)
+        assert engine._live.tracker.pending(path) == (path.stat().st_size, 0, 0)
         with path.open("ab") as fh:
             fh.write(_record("user", "Remember the Osprey tagging permit."))
 
         async def counted() -> bool:
-            return engine.live.tracker.pending(path)[2] == 1
+            return engine._live.tracker.pending(path)[2] == 1
         await eventually(counted, "first append observed")
-        assert engine.live.sync_counts["session-delta"] == 0
+        assert engine._live.sync_counts["session-delta"] == 0
         assert (await engine.search(SearchRequest.of("Osprey tagging permit"))).results == []  # below threshold: no sync
         with path.open("ab") as fh:
             fh.write(_record("assistant", "Noted."))
@@ -282,9 +282,9 @@ async def test_session_delta_threshold_syncs_after_batch_window(ws: Path) -> Non
         await eventually(synced, "threshold hit -> session-delta sync")
 
         async def delta_counted() -> bool:
-            return engine.live.sync_counts["session-delta"] == 1
+            return engine._live.sync_counts["session-delta"] == 1
         await eventually(delta_counted, "session-delta sync counted")
-        assert engine.live.tracker.pending(path) == (path.stat().st_size, 0, 0)
+        assert engine._live.tracker.pending(path) == (path.stat().st_size, 0, 0)
 
 
 async def _queue_transcript_lines(engine: BuiltinEngine, path: Path, count: int) -> None:
@@ -321,7 +321,7 @@ async def test_transcript_lines_below_the_delta_thresholds_keep_the_index_dirty(
             fh.write(_record("user", "Remember the Osprey tagging permit."))
 
         async def counted() -> bool:  # the batch window is over, the growth below deltaMessages
-            return engine.live.tracker.pending(path)[2] == 1 and not (
+            return engine._live.tracker.pending(path)[2] == 1 and not (
                 await engine.status()).custom["live"]["sessionsPending"]
         await eventually(counted, "append observed after the batch window")
         stale = ("new lines of 1 transcript are below sync.sessions.deltaBytes/deltaMessages "
@@ -361,10 +361,10 @@ async def test_warm_session_syncs_once_per_key(ws: Path) -> None:
         engine.warm_session("  ")
 
         async def warmed() -> bool:
-            return engine.live.sync_counts["session-start"] == 1
+            return engine._live.sync_counts["session-start"] == 1
         await eventually(warmed, "session-start sync")
         assert [h.path for h in (await engine.search(SearchRequest.of("Plover"))).results] == ["memory/warm.md"]
-        assert engine.live.sync_counts["session-start"] == 1
+        assert engine._live.sync_counts["session-start"] == 1
 
 
 def _our_threads() -> set[threading.Thread]:
@@ -383,7 +383,7 @@ async def test_close_stops_watcher_threads_and_tasks(ws: Path) -> None:
         await engine.close()
         assert _our_threads() == before
         assert tasks.running == 0  # live mode's subgroup counts in its parent's
-        assert engine.live.watcher.snapshot()["mode"] == "stopped"
+        assert engine._live.watcher.snapshot()["mode"] == "stopped"
         assert tasks.is_open  # the engine closed its own tasks, not the owner's group
 
 
@@ -419,11 +419,11 @@ async def test_live_search_budget_answers_while_sync_continues(ws: Path) -> None
         answer = await engine.search(SearchRequest.of("alpha"), sync_budget_ms=1_000)
         assert [h.path for h in answer.results] == ["MEMORY.md"]
         assert answer.warnings == [STALE_1000_MS]  # the answer says it may miss what is syncing
-        assert provider.entered.is_set() and engine.live.sync_counts["search"] == 0
+        assert provider.entered.is_set() and engine._live.sync_counts["search"] == 0
         provider.gate.set()
 
         async def finished() -> bool:
-            return engine.live.sync_counts["search"] >= 1
+            return engine._live.sync_counts["search"] >= 1
         await eventually(finished, "background search sync finished")
         answer = await engine.search(SearchRequest.of("beta"))
         assert ([h.path for h in answer.results], answer.warnings) == (["memory/b2.md"], [])

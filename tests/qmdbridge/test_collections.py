@@ -9,7 +9,6 @@ import pytest
 from fallback.sources.memory_files import escape_glob
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.collections import (
-    CollectionRun,
     ManagedCollection,
     ReconcileState,
     build_collections,
@@ -18,6 +17,7 @@ from qmdbridge.qmd.collections import (
     sanitize_name,
 )
 from qmdbridge.qmd.listing import ListedCollection, parse_collection_list, parse_collection_show
+from qmdbridge.qmd.runner import RunResult
 
 LIST_283 = """Collections (3):
 
@@ -99,6 +99,11 @@ def test_render_index_yml_quotes_values() -> None:
     assert render_index_yml([]) == "collections: {}\n"
 
 
+def _ran(ok: bool, stdout: str, stderr: str) -> RunResult:
+    """A finished qmd command: exit 0 when ``ok``, else 1."""
+    return RunResult(("qmd",), 0 if ok else 1, None, stdout, stderr, 0)
+
+
 class FakeQmd:
     """Answers collection commands like a qmd build (not our code): records every call; a
     collection added (with the pattern it was given) shows up in later listings."""
@@ -109,18 +114,18 @@ class FakeQmd:
         self.calls: list[list[str]] = []
         self.added: dict[str, str] = {}
 
-    async def __call__(self, args: list[str], pos: list[str]) -> CollectionRun:
+    async def __call__(self, args: list[str], pos: list[str]) -> RunResult:
         self.calls.append([*args, *pos])
         if args[:2] == ["collection", "list"]:
             extra = "".join(f"{n} (qmd://{n}/)\n  Pattern:  {p}\n\n" for n, p in self.added.items())
-            return CollectionRun(True, self.listing + ("\n" + extra if extra else ""), "")
+            return _ran(True, self.listing + ("\n" + extra if extra else ""), "")
         if args[:2] == ["collection", "add"] and args[4] in self.reject:
-            return CollectionRun(False, "", f"error: unknown flag: {args[4]}")
+            return _ran(False, "", f"error: unknown flag: {args[4]}")
         if args[:2] == ["collection", "add"]:
             self.added[args[3]] = args[5]
         if args[:2] == ["collection", "show"]:
-            return CollectionRun(False, "", f"Collection not found: {pos[0]}")
-        return CollectionRun(True, "", "")
+            return _ran(False, "", f"Collection not found: {pos[0]}")
+        return _ran(True, "", "")
 
 
 @pytest.mark.anyio
@@ -179,10 +184,10 @@ async def test_owner_that_cannot_be_verified_is_not_rebound(tmp_path: Path) -> N
     managed = [ManagedCollection("notes", tmp_path / "notes", "**/*.md", "custom")]
 
     class Refusing(FakeQmd):
-        async def __call__(self, args: list[str], pos: list[str]) -> CollectionRun:
+        async def __call__(self, args: list[str], pos: list[str]) -> RunResult:
             if args[:2] == ["collection", "add"]:
                 self.calls.append([*args, *pos])
-                return CollectionRun(False, "", "A collection already exists for this path and "
+                return _ran(False, "", "A collection already exists for this path and "
                                      "pattern:\n  Name: old-notes (qmd://old-notes/)\n")
             return await super().__call__(args, pos)
 

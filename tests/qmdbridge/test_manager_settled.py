@@ -100,7 +100,7 @@ def test_a_note_saved_after_a_search_is_found_by_the_next_blocking_search(tmp_pa
         m.start()
         assert m.search("quokka").results == []
         engine = m._portal.call(m._manager.builtin)
-        watcher = engine.live.watcher
+        watcher = engine._live.watcher
         seen = watcher.unsent()[0]
         (tmp_path / "ws" / "memory" / "2026-03-09.md").write_text("# 2026-03-09\n\nA quokka visited.\n")
         deadline = time.monotonic() + DEADLINE_S

@@ -34,6 +34,7 @@ def _agent(tmp_path: Path, qmd_bin: Path) -> Any:
     cfg = parse_config({"memory": {"backend": "qmd", "qmd": {
         "command": str(qmd_bin), "searchMode": "search", "limits": {"timeoutMs": 30_000},
         "update": {"interval": "0", "debounceMs": 0, "waitForBootSync": True},
+        "limits": {"timeoutMs": 60_000},  # a bound: a loaded machine's qmd answers late, never falls back
         "paths": [{"name": "later", "path": str(tmp_path / "later")},
                   {"name": "todo", "path": str(tmp_path / "lists" / "todo.md")}]}},
         "agents": {"defaults": {"memorySearch": {"provider": "none",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -52,24 +52,6 @@ class BatchState:
     state: str
     output_file: str | None = None
     error: str | None = None
-
-
-class BatchJobApi(Protocol):
-    """What :func:`run_batch_job` needs from one provider's batch API."""
-
-    provider_id: str
-
-    async def submit(self, requests: Sequence[tuple[str, str]]) -> BatchState:
-        """Upload ``(custom_id, text)`` pairs and create the job."""
-        ...
-
-    async def poll(self, job_id: str) -> BatchState:
-        """Current state of the job."""
-        ...
-
-    async def fetch_results(self, state: BatchState) -> str:
-        """The JSONL result file of a finished job."""
-        ...
 
 
 def _norm_state(value: Any) -> str:
@@ -307,6 +289,11 @@ class GeminiBatchJobs:
         name = name if name.startswith("files/") else f"files/{name}"
         return (await self.http.request(
             "GET", f"{self._prefixed('download')}/{name}:download?alt=media")).text
+
+
+# What :func:`run_batch_job` drives: ``submit((custom_id, text) pairs)``, ``poll(job_id)``,
+# ``fetch_results(state)`` (the finished job's JSONL), each returning a :class:`BatchState` but the last.
+BatchJobApi = OpenAIBatchJobs | GeminiBatchJobs
 
 
 class BatchRunner:

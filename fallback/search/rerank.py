@@ -1,7 +1,7 @@
 """The optional reranker stage: a cross-encoder scores (query, chunk) pairs and reorders the best
 fused candidates.
 
-:class:`Reranker` is the provider protocol; :class:`HttpReranker` speaks the Cohere-compatible
+:class:`Reranker` is either provider: :class:`HttpReranker` speaks the Cohere-compatible
 ``POST {baseUrl}/v1/rerank``, :class:`LocalGgufReranker` runs a GGUF reranker through
 llama-cpp-python with rank pooling. :func:`rerank_stage` never fails the search, and the
 reranked head keeps the set of its fused scores (docs/configuration.md, "Reranking").
@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -51,23 +51,6 @@ HTTP_RETRY_BASE_S = 0.25
 LOCAL_MAX_PAIR_TOKENS = 1024
 # The GGUF pooling type that marks a reranker (llama.cpp ``LLAMA_POOLING_TYPE_RANK``).
 GGUF_POOLING_RANK = "4"
-
-
-class Reranker(Protocol):
-    """A reranker (cross-encoder) provider: ``provider_id`` (``http`` or ``local``) and
-    ``model`` (the model name, or the GGUF file path)."""
-
-    provider_id: str
-    model: str
-
-    async def score(self, query: str, documents: list[str]) -> list[float | None]:
-        """Relevance of each document to ``query`` in document order (``None``: not scored);
-        higher is more relevant, on the provider's own scale. Raises ``RerankerError``."""
-        ...
-
-    async def aclose(self) -> None:
-        """Release HTTP clients or the loaded model."""
-        ...
 
 
 def apply_rerank_scores(cands: list[Candidate], scores: Sequence[float | None], *,
@@ -310,6 +293,11 @@ class LocalGgufReranker:
     async def aclose(self) -> None:
         """Drop the loaded model (it is reloaded on the next call)."""
         await self._model.aclose()
+
+
+# A reranker provider: ``provider_id`` (``http`` or ``local``), ``model``, ``score(query,
+# documents)`` and ``aclose()``.
+Reranker = HttpReranker | LocalGgufReranker
 
 
 def reranker_from_settings(settings: RerankSettings,

@@ -202,16 +202,11 @@ class Store(MetaReads):
             self._reader = reader
             self._file_id = after if before == after else None
 
-    def _new_connection(self, uri: str) -> sqlite3.Connection:
+    def _configured(self, uri: str, *pragmas: str, migrate: bool = False) -> sqlite3.Connection:
         conn = sqlite3.connect(uri, uri=True, timeout=self._busy_timeout_ms / 1000,
                                check_same_thread=False, isolation_level=None)
-        conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
-        return conn
-
-    def _configured(self, uri: str, *pragmas: str, migrate: bool = False) -> sqlite3.Connection:
-        conn = self._new_connection(uri)
         try:
-            for pragma in pragmas:
+            for pragma in (f"busy_timeout={int(self._busy_timeout_ms)}", *pragmas):
                 conn.execute(f"PRAGMA {pragma}")
             if migrate:
                 self._migrate(conn)
@@ -356,14 +351,6 @@ class Store(MetaReads):
         conn = self._conn
         if conn is None:
             return False
-        try:
-            live_page = conn.execute("PRAGMA page_size").fetchone()[0]
-        except sqlite3.DatabaseError as exc:
-            if error_kind(exc)[0] is IndexStoreCorruptError:
-                return False
-            raise
-        if live_page != src.execute("PRAGMA page_size").fetchone()[0]:
-            return False
         budget_s = self._busy_timeout_ms * max(1, self._busy_attempts) / 1000
         deadline = time.monotonic() + budget_s
 
@@ -375,8 +362,11 @@ class Store(MetaReads):
                     f" publishing the rebuilt index waited {budget_s:g} s", db_path=str(self.path))
 
         try:
+            page_sizes = {c.execute("PRAGMA page_size").fetchone()[0] for c in (conn, src)}
+            if len(page_sizes) > 1:
+                return False
             src.backup(conn, progress=progress, sleep=0.05)
-        except sqlite3.DatabaseError as exc:
+        except sqlite3.DatabaseError as exc:  # a live file that is not a database
             if error_kind(exc)[0] is IndexStoreCorruptError:
                 return False
             raise

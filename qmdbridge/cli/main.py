@@ -352,7 +352,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     return answered
         if restore_sigterm is None and args.command not in ("serve", "mcp"):  # these handle their signals
             restore_sigterm = _stop_on_sigterm()
-        return _run_in_process(args, early)
+        from qmdbridge.cli.commands import run_command  # the config loaded; `early` the qmd calls started
+
+        return run_command(args, qmd_runner=early.run_command if early is not None else None)
     except BaseException as exc:  # the CLI edge: Ctrl-C or SIGTERM is exit 130, anything else raises
         if _matches(exc, KeyboardInterrupt):
             return 130
@@ -405,13 +407,6 @@ def _stop_on_sigterm() -> Callable[[], None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
     return restore
-
-
-def _run_in_process(args: argparse.Namespace, early: Any = None) -> int:
-    """Run the command with the config loaded (``early``: the qmd calls a search started ahead)."""
-    from qmdbridge.cli.commands import run_command
-
-    return run_command(args, qmd_runner=early.run_command if early is not None else None)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from collections.abc import Callable, Mapping
 from functools import cached_property, partial
 from importlib import import_module
@@ -331,17 +332,15 @@ class QmdBackend:
     async def _run_update_cmd(self) -> None:
         # bound again first: qmd would index what an edit says (a NUL hangs it), not the root file
         await self._refresh_collections()
-        res = await self._run(["update"], timeout_ms=self.cfg.update.update_timeout_ms,
-                              setting="memory.qmd.update.updateTimeoutMs", discard_stdout=True)
-        res.check()
+        (await self._run(["update"], timeout_ms=self.cfg.update.update_timeout_ms,
+                         setting="memory.qmd.update.updateTimeoutMs", discard_stdout=True)).check()
 
     async def _run_embed_cmd(self) -> None:
         problem = await self.model_state.problem(("embed",))
         if problem is not None:  # fail fast instead of waiting out embedTimeoutMs
             raise BackendUnavailableError("qmd", f"qmd embed skipped: {problem}")
-        res = await self._run(["embed"], timeout_ms=self.cfg.update.embed_timeout_ms,
-                              setting="memory.qmd.update.embedTimeoutMs", discard_stdout=True)
-        res.check()
+        (await self._run(["embed"], timeout_ms=self.cfg.update.embed_timeout_ms,
+                         setting="memory.qmd.update.embedTimeoutMs", discard_stdout=True)).check()
 
     async def _repair(self) -> None:
         try:
@@ -388,9 +387,7 @@ class QmdBackend:
         Raises:
             BackendUnavailableError: ``collection list`` failed.
         """
-        res = await self._run(["collection", "list"], timeout_ms=self.cfg.update.command_timeout_ms,
-                              setting="memory.qmd.update.commandTimeoutMs")
-        res.check()
+        res = (await self._collection_cmd(["collection", "list"], [])).check()
         return await describe_collections(res.stdout, run=self._collection_cmd, roots=self.roots)
 
     async def search(self, request: SearchRequest, *, sync_budget_ms: int | None = None,
@@ -546,10 +543,9 @@ class QmdBackend:
         indexing = indexing_in_progress(running=self.cycle.is_running, index_locked=locked,
                                         locks=(self.home.write_lock, self.home.embed_lock))
         probe = await self.search_probe()
-        by_source: dict[Source, int] = {}
+        by_source: Counter[Source] = Counter()
         for coll, n in counts.items():
-            src = self.roots[coll].source if coll in self.roots else "memory"
-            by_source[src] = by_source.get(src, 0) + n
+            by_source[self.roots[coll].source if coll in self.roots else "memory"] += n
         total = sum(counts.values())
         embed_state = self.cycle.embed
         sources: list[Source] = sorted({c.source for c in self.collections}) or ["memory"]

@@ -454,10 +454,8 @@ async def _replace(mc: ManagedCollection, old: str, *, run: RunCollectionCommand
 
 def _find_owner(mc: ManagedCollection, listed: dict[str, ListedCollection],
                 workspace: Path) -> str | None:
-    for name, got in listed.items():
-        if got.path is not None and got.pattern == mc.pattern and _same_path(got.path, mc.path, workspace):
-            return name
-    return None
+    return next((name for name, got in listed.items() if got.path is not None
+                 and got.pattern == mc.pattern and _same_path(got.path, mc.path, workspace)), None)
 
 
 def _warn(state: ReconcileState, message: str) -> None:

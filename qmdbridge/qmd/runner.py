@@ -16,10 +16,10 @@ import shutil
 import signal as signal_mod
 import sys
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import Process
@@ -203,14 +203,8 @@ async def kill_and_reap(process: Process) -> None:
         await anyio.to_thread.run_sync(wait_gone, survivors)
 
 
-class CommandRunner(Protocol):
-    """What starts a qmd process and waits for it: :func:`run_command`'s signature."""
-
-    def __call__(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | str,
-                 timeout_ms: int, discard_stdout: bool = False, max_chars: int = DEFAULT_MAX_CHARS,
-                 setting: str | None = None) -> Awaitable[RunResult]:
-        """Run ``argv`` to completion or to ``timeout_ms`` (see :func:`run_command`)."""
-        ...
+# What starts a qmd process and waits for it, with :func:`run_command`'s arguments.
+CommandRunner = Callable[..., Awaitable[RunResult]]
 
 
 def process_command(argv: Sequence[str]) -> str | list[str]:

@@ -1,6 +1,7 @@
-"""Memory that cannot be searched as configured is told by ``status`` and ``doctor``, as real
-``qmdbridge`` processes: a default local model not downloaded yet, a sync that failed on a full
-store, a relative ``local.modelPath``."""
+"""Memory that cannot be searched as configured is told by ``status`` and ``doctor`` of the
+``qmdbridge`` command: a default local model not downloaded yet, a sync that failed on a full
+store, a relative ``local.modelPath``, a locked store. The commands run in this process, but for
+a real process where its limits, working folder or lifetime are the subject."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.e2e.cli_proc import cli_argv, run_cli
+from tests.e2e.cli_proc import cli_argv, run_cli_in_process
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_URI = "hf:CompendiumLabs/bge-small-en-v1.5-gguf/bge-small-en-v1.5-q8_0.gguf"
@@ -29,8 +30,14 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
+def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    """``qmdbridge <args>`` run to its end in this process (exit code and output bytes); the runs
+    under a file-size limit, from another folder and ``serve`` start real processes."""
+    return run_cli_in_process(args, env)
+
+
 def _json(args: list[str], env: dict[str, str]) -> dict:
-    p = run_cli([*args, "--json"], env)
+    p = run([*args, "--json"], env)
     return orjson.loads(p.stdout)
 
 
@@ -47,16 +54,16 @@ def test_a_default_model_not_downloaded_is_one_provider_problem(ws: Path, env: d
                "hint": PULL_HINT}
     before = _json(["status", *args], env)
     assert (before["searchMode"], before["healthy"], before["problems"]) == ("fts-only", False, [problem])
-    assert run_cli(["index", *args], env).returncode == 0
+    assert run(["index", *args], env).returncode == 0
     after = _json(["status", *args], env)
     assert (after["searchMode"], after["problems"]) == ("fts-only", [problem])  # once, not per source
-    human = run_cli(["status", *args], env).stdout.decode()
+    human = run(["status", *args], env).stdout.decode()
     assert "Mode: fts-only (keyword-only)\n" in human
     assert f"Problems: 1\n  [embedding provider] {problem['message']}\n    fix: {PULL_HINT}\n" in human
     doctor = _json(["doctor", *args], env)
     assert [(c["name"], c["detail"]) for c in doctor["checks"] if c["level"] == "error"] == [
         ("embedding provider", problem["message"])]
-    found = run_cli(["search", "router", *args], env)  # keyword-only, saying why
+    found = run(["search", "router", *args], env)  # keyword-only, saying why
     assert found.returncode == 0 and found.stdout
     err = [line for line in found.stderr.decode().splitlines() if not line.startswith("indexing: ")]
     assert len(err) == 1 and err[0].startswith("warning: offline: cannot reach 127.0.0.1:") and err[0].endswith(
@@ -96,7 +103,7 @@ def _limit_file_size(max_bytes: int) -> Callable[[], None]:
 
 def test_a_sync_that_could_not_write_is_told_with_the_files_that_wait(ws: Path, env: dict[str, str]) -> None:
     args = ["--workspace", str(ws)]
-    assert run_cli(["index", *args], env).returncode == 0
+    assert run(["index", *args], env).returncode == 0
     for day in range(1, 41):
         (ws / "memory" / f"2026-10-{day:02d}.md").write_text(
             f"# Note {day}\n" + "".join(f"Heron count line {n} for note {day}.\n" for n in range(300)))
@@ -115,11 +122,11 @@ def test_a_sync_that_could_not_write_is_told_with_the_files_that_wait(ws: Path, 
                "message": f"last sync (cli) failed: {error}; memory files waiting to be indexed: 40",
                "hint": "run `qmdbridge index -v` to see the failure"}
     assert status["problems"] == [problem]
-    doctor = run_cli(["doctor", *args, "--json"], env)
+    doctor = run(["doctor", *args, "--json"], env)
     assert doctor.returncode == 1
     assert [(c["name"], c["detail"]) for c in orjson.loads(doctor.stdout)["checks"]
             if c["level"] == "error"] == [("index", problem["message"])]
-    assert run_cli(["index", *args], env).returncode == 0  # space again: all is indexed
+    assert run(["index", *args], env).returncode == 0  # space again: all is indexed
     after = _json(["status", *args], env)
     assert (after["dirty"], after["healthy"], after["problems"], after["custom"]["syncFailure"]) == (
         False, True, [], None)
@@ -139,7 +146,7 @@ _HOLD_LOCK = {
 def test_a_search_on_a_locked_store_answers_within_its_budget_and_status_tells_the_failure(
         ws: Path, env: dict[str, str], lock: str) -> None:
     args = ["--workspace", str(ws)]
-    assert run_cli(["index", *args], env).returncode == 0
+    assert run(["index", *args], env).returncode == 0
     with (ws / "MEMORY.md").open("a") as f:
         f.write("\nThe quokka sanctuary opens in May.\n")
     db = Path(env["OPENCLAW_STATE_DIR"]) / "memory" / "main.sqlite"
@@ -147,9 +154,9 @@ def test_a_search_on_a_locked_store_answers_within_its_budget_and_status_tells_t
                               stdout=subprocess.PIPE)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
-        found = run_cli(["search", "quokka", *args, "--json"], env)
+        found = run(["search", "quokka", *args, "--json"], env)
         status = _json(["status", *args], env)
-        indexed = run_cli(["index", *args], env) if lock == "sqlite" else None
+        indexed = run(["index", *args], env) if lock == "sqlite" else None
     finally:
         assert holder.stdin is not None
         holder.stdin.close()
@@ -180,7 +187,7 @@ def test_a_search_on_a_locked_store_answers_within_its_budget_and_status_tells_t
             f"qmdbridge: {locked}\n  fix: {hint}\n"), indexed.stderr
     assert re.fullmatch(f"last sync \\(search\\) failed: {error}; memory files waiting to be indexed: 1",
                         problem["message"])
-    assert run_cli(["index", *args], env).returncode == 0  # the lock released: all is indexed
+    assert run(["index", *args], env).returncode == 0  # the lock released: all is indexed
     after = _json(["status", *args], env)
     assert (after["dirty"], after["problems"]) == (False, [])
 

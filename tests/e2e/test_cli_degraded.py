@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import sqlite3
 import struct
@@ -169,6 +170,24 @@ def test_silent_provider_costs_serve_its_deadline_only(tmp_path: Path, ws: Path,
             "keyword search only")
 
 
+def test_qmd_missing_and_the_builtin_fallback_failing_closed_names_both_reasons(
+        tmp_path: Path, ws: Path, env: dict[str, str]) -> None:
+    cfg = tmp_path / "openclaw.json5"
+    cfg.write_text(f"{{memory: {{backend: 'qmd', qmd: {{command: '{tmp_path / 'no-qmd'}'}}}}, "
+                   "agents: {defaults: {memorySearch: {provider: 'openai'}}}}")
+    common = ["search", "router", "--workspace", str(ws), "--config", str(cfg)]
+    p = run([*common, "--json"], env)
+    assert (p.returncode, orjson.loads(p.stdout)) == (1, {
+        "error": f"qmd unavailable: qmd not found (command '{tmp_path / 'no-qmd'}'); searched: "
+                 f"{tmp_path}; builtin fallback unavailable: no API key found for openai",
+        "errorType": "BackendUnavailableError", "exitCode": 1})
+    plain = run(common, env)  # the next start-up is put off: said with the wait
+    assert plain.returncode == 1 and plain.stdout == b""
+    assert re.fullmatch(rf"qmdbridge: qmd unavailable: qmd not found \(command '{re.escape(str(tmp_path))}"
+                        r"/no-qmd'\); searched: .* \(start-up retry in \d+s\); builtin fallback "
+                        r"unavailable: no API key found for openai\n", plain.stderr.decode()), plain.stderr
+
+
 # -- a corrupt index store, met by a one-shot search ---------------------------------------------
 
 def test_corrupt_store_is_told_on_stderr_and_only_the_newest_copies_are_kept(
@@ -176,7 +195,6 @@ def test_corrupt_store_is_told_on_stderr_and_only_the_newest_copies_are_kept(
     """Real processes: the copies are named by the second they were moved aside in, and runs in
     this process follow each other within one."""
     run = run_cli  # this test only: the in-process runner is shadowed
-    import re
 
     from fallback.store.files import CORRUPT_BACKUPS_KEPT
 

@@ -223,6 +223,32 @@ def test_corrupt_store_is_told_on_stderr_and_only_the_newest_copies_are_kept(
         flags=re.MULTILINE), index.stderr
 
 
+def test_a_damaged_full_text_index_is_moved_aside_and_rebuilt_and_a_match_failure_scans(
+        ws: Path, env: dict[str, str]) -> None:
+    """``PRAGMA quick_check`` does not read FTS5's own pages: a store whose ``chunks_fts`` data is
+    lost is told corrupt by FTS5's integrity-check, moved aside and rebuilt. A ``MATCH`` that
+    fails without damage the store can see (here FTS5's config row of another format version)
+    is answered by a LIKE scan of the query's words, rank 0."""
+    common = ["--workspace", str(ws), "--json"]
+    assert run(["index", *common], env).returncode == 0
+    db = Path(env["OPENCLAW_STATE_DIR"]) / "memory" / "main.sqlite"
+    with sqlite3.connect(db) as conn:
+        conn.execute("DELETE FROM chunks_fts_data")
+    p = run(["search", "router dropped the WAN link", *common], env)
+    assert p.returncode == 0, p.stdout
+    doc = orjson.loads(p.stdout)
+    assert (doc["results"][0]["path"], doc["results"][0]["startLine"]) == ("memory/2026-11-05.md", 1)
+    assert len(doc["warnings"]) == 1 and re.fullmatch(
+        r"index store was corrupt \(index store is corrupt \(a virtual table is damaged\): vtable "
+        rf"constructor failed: chunks_fts \({re.escape(str(db))}\)\); moved aside to main\.sqlite\."
+        r"corrupt-\d{8}T\d{6}Z and rebuilt from the memory files", doc["warnings"][0]), doc["warnings"]
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE chunks_fts_config SET v = 99 WHERE k = 'version'")
+    scan = orjson.loads(run(["search", "router", *common], env).stdout)
+    assert [(r["path"], r["startLine"], r["score"]) for r in scan["results"]] == [
+        ("MEMORY.md", 10, 1.0), ("memory/2026-11-05.md", 1, 1.0)]
+
+
 # -- one agent's store, searched for two workspaces ----------------------------------------------
 
 def test_switching_workspaces_tells_once_per_switch_that_the_store_is_reindexed(

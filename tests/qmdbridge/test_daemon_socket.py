@@ -74,6 +74,11 @@ def test_search_get_status_are_served_by_the_daemon(setup: tuple[Path, dict[str,
     assert refused.returncode == 3
     assert orjson.loads(refused.stdout) == {"error": "path refused: '../secrets.md': parent segment",
                                             "errorType": "PathRefusedError", "exitCode": 3}
+    os.mkfifo(ws / "memory" / "queue.md")  # named like a note: refused, never opened for a blocking read
+    for path, reason in (("./.", "not a memory path"), ("memory/queue.md", "not a regular file")):
+        refused = cli(["get", path, "--workspace", str(ws), "--json"], env)
+        assert (refused.returncode, orjson.loads(refused.stdout)) == (3, {
+            "error": f"path refused: {path!r}: {reason}", "errorType": "PathRefusedError", "exitCode": 3})
     status = orjson.loads(cli(["status", "--workspace", str(ws), "--json"], env).stdout)
     assert status["servedBy"] == "daemon" and status["files"] == 2
     # a missing memory file: the tool answers empty text, the command exits 4 (in-process)

@@ -227,7 +227,7 @@ class MemoryManager:
         except BackendUnavailableError as exc:
             if fallback is not None:
                 raise BackendUnavailableError(
-                    "builtin", f"{fallback.reason}; builtin fallback unavailable: {exc.reason}") from exc
+                    "qmd", f"{fallback.reason}; builtin fallback unavailable: {exc.reason}") from exc
             raise
         hits = outcome.results
         if fallback is not None:

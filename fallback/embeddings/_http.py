@@ -44,9 +44,7 @@ def parse_retry_after(value: str | None, *, now_s: float | None = None) -> float
         return max(0.0, float(text))
     try:
         when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError):
-        return None
-    if when is None:
+    except ValueError:  # Python 3.10+: no date, or one that does not exist
         return None
     current = time.time() if now_s is None else now_s
     return max(0.0, when.timestamp() - current)

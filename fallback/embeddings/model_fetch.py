@@ -312,7 +312,8 @@ def _transfer(client: httpx.Client, uri: str, url: str, part: Path, expected: _E
             if status == 429 or status >= 500:  # busy or failing for now: retried, the partial kept
                 raise _Dropped(f"the hub answered HTTP {status}")
             if status >= 400:
-                raise ModelDownloadError(uri, f"download of {url} failed with HTTP {status}")
+                raise ModelDownloadError(uri, f"download of {url} failed with HTTP {status}; download the "
+                                              ".gguf file and set local.modelPath to its path, or set HF_ENDPOINT")
             match = _CONTENT_RANGE_RE.match(response.headers.get("content-range", ""))
             resumed = status == 206 and offset and match and int(match.group(1)) == offset
             blocks = response.iter_bytes()

@@ -82,10 +82,17 @@ def open_postgres(settings: EngineSettings) -> PostgresSearchStore:
 def reopen_after_corruption(settings: EngineSettings, exc: IndexStoreCorruptError,
                             notes: list[str]) -> None:
     """After ``exc`` was seen on the (closed) store: move its files aside unless a
-    ``PRAGMA quick_check`` finds it sound now, and note the move. Raises ``IndexStoreError``."""
+    ``PRAGMA quick_check`` and FTS5's ``integrity-check`` find it sound now, and note the move.
+    Raises ``IndexStoreError``."""
     def verify() -> Store:
         store = Store(settings.db_path, fts_tokenizer=settings.search.store.fts.tokenizer)
         problem = store.quick_check()
+        try:  # quick_check never reads the FTS5 tables' own pages
+            with store.locked() as conn:
+                for table in () if store.fts_error else ("chunks_fts", "chunks_trigram"):
+                    conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
+        except IndexStoreCorruptError as damaged:
+            problem = str(damaged.__cause__)
         if problem != "ok":
             store.close()
             raise IndexStoreCorruptError(f"index store is corrupt: {problem}",

@@ -76,12 +76,12 @@ def exchange(path: str, request: dict[str, Any], *, timeout_s: float = REPLY_TIM
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(HANDSHAKE_S)
-    buf = bytearray()
+    buf, chunk = bytearray(), b""
     try:
         with short_socket_path(path) as where:
             sock.connect(where)
         sock.sendall(data)
-        while b"\n" not in buf:
+        while b"\n" not in chunk:  # the newline ends the reply: only the new bytes need a look
             chunk = sock.recv(1 << 16)
             if not chunk:
                 break

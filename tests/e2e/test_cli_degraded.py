@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import sqlite3
 import struct
@@ -169,6 +170,24 @@ def test_silent_provider_costs_serve_its_deadline_only(tmp_path: Path, ws: Path,
             "keyword search only")
 
 
+def test_qmd_missing_and_the_builtin_fallback_failing_closed_names_both_reasons(
+        tmp_path: Path, ws: Path, env: dict[str, str]) -> None:
+    cfg = tmp_path / "openclaw.json5"
+    cfg.write_text(f"{{memory: {{backend: 'qmd', qmd: {{command: '{tmp_path / 'no-qmd'}'}}}}, "
+                   "agents: {defaults: {memorySearch: {provider: 'openai'}}}}")
+    common = ["search", "router", "--workspace", str(ws), "--config", str(cfg)]
+    p = run([*common, "--json"], env)
+    assert (p.returncode, orjson.loads(p.stdout)) == (1, {
+        "error": f"qmd unavailable: qmd not found (command '{tmp_path / 'no-qmd'}'); searched: "
+                 f"{tmp_path}; builtin fallback unavailable: no API key found for openai",
+        "errorType": "BackendUnavailableError", "exitCode": 1})
+    plain = run(common, env)  # the next start-up is put off: said with the wait
+    assert plain.returncode == 1 and plain.stdout == b""
+    assert re.fullmatch(rf"qmdbridge: qmd unavailable: qmd not found \(command '{re.escape(str(tmp_path))}"
+                        r"/no-qmd'\); searched: .* \(start-up retry in \d+s\); builtin fallback "
+                        r"unavailable: no API key found for openai\n", plain.stderr.decode()), plain.stderr
+
+
 # -- a corrupt index store, met by a one-shot search ---------------------------------------------
 
 def test_corrupt_store_is_told_on_stderr_and_only_the_newest_copies_are_kept(
@@ -176,7 +195,6 @@ def test_corrupt_store_is_told_on_stderr_and_only_the_newest_copies_are_kept(
     """Real processes: the copies are named by the second they were moved aside in, and runs in
     this process follow each other within one."""
     run = run_cli  # this test only: the in-process runner is shadowed
-    import re
 
     from fallback.store.files import CORRUPT_BACKUPS_KEPT
 
@@ -203,6 +221,32 @@ def test_corrupt_store_is_told_on_stderr_and_only_the_newest_copies_are_kept(
     assert index.returncode == 0 and re.search(
         rb"^warning: index store was corrupt .*; moved aside to main\.sqlite\.corrupt-", index.stderr,
         flags=re.MULTILINE), index.stderr
+
+
+def test_a_damaged_full_text_index_is_moved_aside_and_rebuilt_and_a_match_failure_scans(
+        ws: Path, env: dict[str, str]) -> None:
+    """``PRAGMA quick_check`` does not read FTS5's own pages: a store whose ``chunks_fts`` data is
+    lost is told corrupt by FTS5's integrity-check, moved aside and rebuilt. A ``MATCH`` that
+    fails without damage the store can see (here FTS5's config row of another format version)
+    is answered by a LIKE scan of the query's words, rank 0."""
+    common = ["--workspace", str(ws), "--json"]
+    assert run(["index", *common], env).returncode == 0
+    db = Path(env["OPENCLAW_STATE_DIR"]) / "memory" / "main.sqlite"
+    with sqlite3.connect(db) as conn:
+        conn.execute("DELETE FROM chunks_fts_data")
+    p = run(["search", "router dropped the WAN link", *common], env)
+    assert p.returncode == 0, p.stdout
+    doc = orjson.loads(p.stdout)
+    assert (doc["results"][0]["path"], doc["results"][0]["startLine"]) == ("memory/2026-11-05.md", 1)
+    assert len(doc["warnings"]) == 1 and re.fullmatch(
+        r"index store was corrupt \(index store is corrupt \(a virtual table is damaged\): vtable "
+        rf"constructor failed: chunks_fts \({re.escape(str(db))}\)\); moved aside to main\.sqlite\."
+        r"corrupt-\d{8}T\d{6}Z and rebuilt from the memory files", doc["warnings"][0]), doc["warnings"]
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE chunks_fts_config SET v = 99 WHERE k = 'version'")
+    scan = orjson.loads(run(["search", "router", *common], env).stdout)
+    assert [(r["path"], r["startLine"], r["score"]) for r in scan["results"]] == [
+        ("MEMORY.md", 10, 1.0), ("memory/2026-11-05.md", 1, 1.0)]
 
 
 # -- one agent's store, searched for two workspaces ----------------------------------------------

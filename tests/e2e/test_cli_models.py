@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import orjson
@@ -156,3 +157,34 @@ def test_a_model_cache_this_user_cannot_write_is_named_with_its_cause(tmp_path: 
     assert (doc["errorType"], doc["error"]) == ("ModelDownloadError", (
         f"local embedding provider unavailable: cannot use the model cache {cache}: Permission denied "
         f"({cache / 'hf'}); let this user write it, or set local.modelCacheDir to a folder it can write"))
+
+
+def test_a_hub_that_refuses_the_file_names_the_url_and_the_settings(env: dict[str, str]) -> None:
+    """A gated or private repository answers 403 (not 404): the pull fails at once, naming the
+    URL, the status and the settings that get the model another way; nothing is kept."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Gated(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            body = b'{"error": "Access to model test-org/all-MiniLM-L6-v2-GGUF is restricted."}'
+            self.send_response(403)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Gated) as hub:
+        threading.Thread(target=hub.serve_forever, daemon=True).start()
+        try:
+            p = run(["models", "pull", URI, "--json"], {**env, "HF_ENDPOINT": f"http://127.0.0.1:{hub.server_port}"})
+        finally:
+            hub.shutdown()
+    url = f"http://127.0.0.1:{hub.server_port}/test-org/all-MiniLM-L6-v2-GGUF/resolve/main/{TEST_MODEL_NAME}"
+    assert (p.returncode, orjson.loads(p.stdout)) == (1, {
+        "error": f"local embedding provider unavailable: download of {url} failed with HTTP 403; download "
+                 "the .gguf file and set local.modelPath to its path, or set HF_ENDPOINT",
+        "errorType": "ModelDownloadError", "exitCode": 1})
+    assert [f.name for f in Path(env["OPENCLAW_STATE_DIR"], "models").rglob("*") if f.is_file()] == [
+        f"{TEST_MODEL_NAME}.lock"]  # the download lock only: no .part, no model

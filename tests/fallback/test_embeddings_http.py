@@ -392,3 +392,29 @@ def test_sanitize_vector_zeroes_non_finite_and_normalises() -> None:
     assert sanitize_vector([nan, 2.0, inf], normalize=False) == [0.0, 2.0, 0.0]
     assert sanitize_vector([nan, 3.0, -inf, 4.0], normalize=True) == [0.0, 0.6, 0.0, 0.8]
     assert sanitize_vector([1e-12, 0.0], normalize=True) == [1e-12, 0.0]
+
+
+@pytest.mark.anyio
+async def test_error_bodies_a_bad_retry_after_and_invalid_json_are_clear_provider_errors() -> None:
+    """What providers other than OpenAI answer: ``{"detail": ...}`` (FastAPI servers) and a list of
+    errors (Gemini's batch form); a Retry-After date that does not exist is no wait at all; a 200
+    that is not JSON (a proxy's HTML page) names the path it came from."""
+    replies = {"detail": Reply(429, {"detail": "Too many requests, slow down"},
+                               {"Retry-After": "Tue, 31 Feb 2023 10:00:00 GMT"}),
+               "list": Reply(400, [{"error": {"message": "input must be a string"}}]),
+               "html": Reply(200, b"<html>502 Bad Gateway</html>")}
+    with serve(lambda req: replies[req.json["input"][0]], max_requests=10) as srv:
+        p = make("openai", srv.url, env={"OPENAI_API_KEY": "k"})
+        errors = {}
+        try:
+            for text in replies:
+                with pytest.raises(EmbeddingProviderError) as info:
+                    await p.embed_batch([text])
+                errors[text] = info.value
+        finally:
+            await p.aclose()
+    assert [r.json["input"][0] for r in srv.requests] == ["detail"] * 3 + ["list", "html"]
+    assert [(str(e), e.status, e.retryable, e.retry_after_s) for e in errors.values()] == [
+        ("openai embedding failed (HTTP 429): Too many requests, slow down", 429, True, None),
+        ("openai embedding failed (HTTP 400): input must be a string", 400, False, None),
+        ("openai embedding failed (HTTP 200): invalid JSON in response from /embeddings", 200, False, None)]

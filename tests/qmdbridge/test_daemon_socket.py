@@ -20,7 +20,7 @@ import pytest
 from qmdbridge.config import load_config, resolve_agent
 from qmdbridge.server import wire
 from qmdbridge.server.socket_listener import identity_for
-from tests.e2e.cli_proc import run_cli_in_process
+from tests.e2e.cli_proc import cli_argv, run_cli_in_process
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server_procs import DEADLINE_S, cli_env, live_children, make_workspace, start, stop  # noqa: E402
@@ -74,6 +74,11 @@ def test_search_get_status_are_served_by_the_daemon(setup: tuple[Path, dict[str,
     assert refused.returncode == 3
     assert orjson.loads(refused.stdout) == {"error": "path refused: '../secrets.md': parent segment",
                                             "errorType": "PathRefusedError", "exitCode": 3}
+    os.mkfifo(ws / "memory" / "queue.md")  # named like a note: refused, never opened for a blocking read
+    for path, reason in (("./.", "not a memory path"), ("memory/queue.md", "not a regular file")):
+        refused = cli(["get", path, "--workspace", str(ws), "--json"], env)
+        assert (refused.returncode, orjson.loads(refused.stdout)) == (3, {
+            "error": f"path refused: {path!r}: {reason}", "errorType": "PathRefusedError", "exitCode": 3})
     status = orjson.loads(cli(["status", "--workspace", str(ws), "--json"], env).stdout)
     assert status["servedBy"] == "daemon" and status["files"] == 2
     # a missing memory file: the tool answers empty text, the command exits 4 (in-process)
@@ -402,3 +407,55 @@ def test_explain_and_warnings_print_the_same_served_or_not(setup: tuple[Path, di
     assert served.returncode == alone.returncode == 0
     assert served.stdout == alone.stdout and served.stderr == alone.stderr
     assert served.stdout.startswith(b"1.000 memory/2026-01-05.md:1-4\n# 2026-01-05\n")
+
+
+def test_a_reply_line_over_the_limit_or_a_socket_that_is_no_daemon_answers_in_process(
+        setup: tuple[Path, dict[str, str]]) -> None:
+    """What sits at the daemon's socket path and answers no request line (a peer replying with a
+    line longer than ``MAX_LINE_BYTES``, a regular file, a socket this process may not connect
+    to) costs nothing but the attempt: the command answers in-process, exit 0, stderr quiet, and
+    the file is left where it is."""
+    import threading
+
+    from tests.fallback.child_procs import unprivileged_prefix
+
+    ws, env = setup
+    args = ["search", "Kestrel migration", "--workspace", str(ws), "--json"]
+    alone = cli(args, {**env, "QMDBRIDGE_DAEMON": "off"})
+    assert alone.returncode == 0 and orjson.loads(alone.stdout)["servedBy"] == "process"
+    path = Path(env["OPENCLAW_STATE_DIR"]) / "daemon" / "main.sock"
+    path.parent.mkdir(parents=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    listener.settimeout(DEADLINE_S)
+    requests: list[dict[str, Any]] = []
+
+    def reply_too_long() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            requests.append(orjson.loads(conn.makefile("rb").readline()))
+            try:
+                conn.sendall(b"x" * (wire.MAX_LINE_BYTES + 1))
+            except OSError:  # the client stopped reading past the limit and hung up
+                pass
+
+    server = threading.Thread(target=reply_too_long)
+    server.start()
+    try:
+        long_reply = cli(args, env)
+    finally:
+        server.join(DEADLINE_S)
+        listener.close()
+    assert [r["tool"] for r in requests] == ["memory_search"]
+    assert (long_reply.returncode, long_reply.stdout, long_reply.stderr) == (0, alone.stdout, b"")
+    path.chmod(0)  # a socket nobody listens on that this user may not open: EACCES, not refused
+    denied = subprocess.run([*unprivileged_prefix(), *cli_argv(args)], env=env, capture_output=True,
+                            timeout=DEADLINE_S)
+    assert (denied.returncode, denied.stdout, denied.stderr) == (0, alone.stdout, b""), denied.stderr
+    assert stat.S_ISSOCK(path.lstat().st_mode)
+    path.unlink()
+    path.write_text("not a socket\n")
+    plain_file = cli(args, env)
+    assert (plain_file.returncode, plain_file.stdout, plain_file.stderr) == (0, alone.stdout, b"")
+    assert path.read_text() == "not a socket\n"

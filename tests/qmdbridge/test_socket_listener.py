@@ -2,7 +2,8 @@
 ``serve``'s line handler over a real Unix socket): a line that is not JSON (or nested too deep
 to read) is answered and the connection keeps serving; a line past ``MAX_LINE_BYTES`` is
 refused and the connection closed; a client gone before its reply costs that reply only; a lone
-surrogate escape is answered; a UTF-8 BOM before a request is read past."""
+surrogate escape is answered; a UTF-8 BOM before a request is read past; blank lines get no
+reply and JSON that is not an object gets an error reply."""
 
 from __future__ import annotations
 
@@ -64,6 +65,11 @@ async def test_bad_json_and_an_overlong_line(tmp_path: Path, monkeypatch: pytest
                 await stream.send(b"[" * 100_000 + b"\n")  # past the recursion limit of json.loads
                 deep = await _reply(stream)
                 assert (deep["id"], deep["error"]) == (None, "invalid JSON: nested too deep")
+                await stream.send(b"\n \r\n\t\n")  # blank lines: no reply, the connection serves on
+                for line in (b'[{"id": 5, "tool": "status"}]', b'"status"', b"null", b"7"):
+                    await stream.send(line + b"\n")
+                    assert await _reply(stream) == {"id": None, "error": "request must be a JSON object",
+                                                    "keywordNotice": True, "configWarnings": []}, line
                 await stream.send(b'{"id": 2, "tool": "status"}\n')
                 status = await _reply(stream)
                 assert (status["id"], status["result"]["backend"]) == (2, "builtin")

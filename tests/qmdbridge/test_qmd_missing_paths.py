@@ -32,7 +32,7 @@ def _agent(tmp_path: Path, qmd_bin: Path) -> Any:
     (ws / "memory").mkdir(parents=True)
     (ws / "MEMORY.md").write_text("# Memory\n\nThe router is in the hallway.\n")
     cfg = parse_config({"memory": {"backend": "qmd", "qmd": {
-        "command": str(qmd_bin), "searchMode": "search", "limits": {"timeoutMs": 30_000},
+        "command": str(qmd_bin), "searchMode": "search",
         "update": {"interval": "0", "debounceMs": 0, "waitForBootSync": True},
         "limits": {"timeoutMs": 60_000},  # a bound: a loaded machine's qmd answers late, never falls back
         "paths": [{"name": "later", "path": str(tmp_path / "later")},

@@ -5,6 +5,7 @@ scope rules hold through the fallback, citations and the injected-chars budget."
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -536,3 +537,19 @@ def test_one_line_keeps_the_error_line() -> None:
                                            "error: LLM operations are disabled in CI (set CI=true)")
     assert one_line("one line") == "one line"
     assert len(one_line("x" * 1000)) == 300
+
+
+async def test_a_query_too_long_for_one_argument_is_answered_by_builtin_without_opening_the_breaker(
+        tmp_path: Path, qmd_bin: Path) -> None:
+    """Linux refuses to start a program with one argument past 128 KiB (``E2BIG``): a pasted
+    page is the caller's text, not a qmd failure, so the builtin engine answers it, the reason
+    says so and the next search goes to qmd again."""
+    query = "zebra migration " + " ".join(f"pasted{i}" for i in range(20_000))  # distinct words
+    async with _manager(tmp_path, _qmd_memory(str(qmd_bin))) as m:
+        long = await m.search(query)
+        told = re.fullmatch(r"query too long for qmd: (\d+) bytes in one argument \(Argument list too long\)",
+                            long.fallback.reason if long.fallback else "")
+        assert long.backend == "builtin" and told and int(told[1]) >= len(query), long.fallback
+        assert long.results[0].path == "memory/2026-03-01.md"
+        assert m.breaker.state.failures == 0
+        assert (await m.search("zebra migration")).backend == "qmd"

@@ -139,6 +139,11 @@ def test_a_query_embedding_failure_of_one_search_is_in_the_next_processs_status(
         assert run(["search", "router dropped the WAN link", *common], env).returncode == 0
         status = orjson.loads(run(["status", *common], env).stdout)
         assert (status["healthy"], status["vector"]["providerError"]) == (True, None)
+    gone = run(["search", "router dropped the WAN link", *common], env)  # the provider went away
+    assert gone.returncode == 0 and orjson.loads(gone.stdout)["warnings"] == [
+        "query embedding failed: openai-compatible embedding failed: request failed: All connection "
+        "attempts failed; results come from keyword search only"]
+    assert orjson.loads(gone.stdout)["results"][0]["path"] == "memory/2026-11-05.md"
 
 
 @pytest.mark.slow

@@ -398,11 +398,13 @@ def test_sanitize_vector_zeroes_non_finite_and_normalises() -> None:
 async def test_error_bodies_a_bad_retry_after_and_invalid_json_are_clear_provider_errors() -> None:
     """What providers other than OpenAI answer: ``{"detail": ...}`` (FastAPI servers) and a list of
     errors (Gemini's batch form); a Retry-After date that does not exist is no wait at all; a 200
-    that is not JSON (a proxy's HTML page) names the path it came from."""
+    that is not JSON (a proxy's HTML page) names the path it came from; an error page that is not
+    JSON is quoted, cut to ``MAX_ERROR_TEXT_CHARS``."""
     replies = {"detail": Reply(429, {"detail": "Too many requests, slow down"},
                                {"Retry-After": "Tue, 31 Feb 2023 10:00:00 GMT"}),
                "list": Reply(400, [{"error": {"message": "input must be a string"}}]),
-               "html": Reply(200, b"<html>502 Bad Gateway</html>")}
+               "html": Reply(200, b"<html>502 Bad Gateway</html>"),
+               "page": Reply(400, b"<p>" + b"Bad request. " * 30 + b"</p>")}
     with serve(lambda req: replies[req.json["input"][0]], max_requests=10) as srv:
         p = make("openai", srv.url, env={"OPENAI_API_KEY": "k"})
         errors = {}
@@ -413,8 +415,9 @@ async def test_error_bodies_a_bad_retry_after_and_invalid_json_are_clear_provide
                 errors[text] = info.value
         finally:
             await p.aclose()
-    assert [r.json["input"][0] for r in srv.requests] == ["detail"] * 3 + ["list", "html"]
+    assert [r.json["input"][0] for r in srv.requests] == ["detail"] * 3 + ["list", "html", "page"]
     assert [(str(e), e.status, e.retryable, e.retry_after_s) for e in errors.values()] == [
         ("openai embedding failed (HTTP 429): Too many requests, slow down", 429, True, None),
         ("openai embedding failed (HTTP 400): input must be a string", 400, False, None),
-        ("openai embedding failed (HTTP 200): invalid JSON in response from /embeddings", 200, False, None)]
+        ("openai embedding failed (HTTP 200): invalid JSON in response from /embeddings", 200, False, None),
+        ("openai embedding failed (HTTP 400): <p>" + ("Bad request. " * 30)[:297] + "...", 400, False, None)]

@@ -412,8 +412,8 @@ def test_explain_and_warnings_print_the_same_served_or_not(setup: tuple[Path, di
 def test_a_reply_line_over_the_limit_or_a_socket_that_is_no_daemon_answers_in_process(
         setup: tuple[Path, dict[str, str]]) -> None:
     """What sits at the daemon's socket path and answers no request line (a peer replying with a
-    line longer than ``MAX_LINE_BYTES``, a regular file, a socket this process may not connect
-    to) costs nothing but the attempt: the command answers in-process, exit 0, stderr quiet, and
+    line longer than ``MAX_LINE_BYTES``, with a line that is no JSON object, or with nothing; a
+    regular file; a socket this process may not connect to) costs nothing but the attempt: the command answers in-process, exit 0, stderr quiet, and
     the file is left where it is."""
     import threading
 
@@ -431,24 +431,27 @@ def test_a_reply_line_over_the_limit_or_a_socket_that_is_no_daemon_answers_in_pr
     listener.settimeout(DEADLINE_S)
     requests: list[dict[str, Any]] = []
 
-    def reply_too_long() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            requests.append(orjson.loads(conn.makefile("rb").readline()))
-            try:
-                conn.sendall(b"x" * (wire.MAX_LINE_BYTES + 1))
-            except OSError:  # the client stopped reading past the limit and hung up
-                pass
+    replies = [b"x" * (wire.MAX_LINE_BYTES + 1), b"not json\n", b"[1, 2]\n", b""]
 
-    server = threading.Thread(target=reply_too_long)
+    def reply_badly() -> None:
+        for reply in replies:
+            conn, _ = listener.accept()
+            with conn:
+                requests.append(orjson.loads(conn.makefile("rb").readline()))
+                try:
+                    conn.sendall(reply)
+                except OSError:  # the client stopped reading past the limit and hung up
+                    pass
+
+    server = threading.Thread(target=reply_badly)
     server.start()
     try:
-        long_reply = cli(args, env)
+        answers = [cli(args, env) for _ in replies]
     finally:
         server.join(DEADLINE_S)
         listener.close()
-    assert [r["tool"] for r in requests] == ["memory_search"]
-    assert (long_reply.returncode, long_reply.stdout, long_reply.stderr) == (0, alone.stdout, b"")
+    assert [r["tool"] for r in requests] == ["memory_search"] * len(replies)
+    assert [(a.returncode, a.stdout, a.stderr) for a in answers] == [(0, alone.stdout, b"")] * len(replies)
     path.chmod(0)  # a socket nobody listens on that this user may not open: EACCES, not refused
     denied = subprocess.run([*unprivileged_prefix(), *cli_argv(args)], env=env, capture_output=True,
                             timeout=DEADLINE_S)

@@ -134,8 +134,7 @@ class BuiltinEngine:
             raise ManagerClosedError("builtin engine is closed")
 
     async def _recovering(self, once: Callable[[], Awaitable[T]]) -> T:
-        """``once()``; after an ``IndexStoreCorruptError`` the store is closed, its files moved
-        aside and ``once()`` runs again on an empty store."""
+        """``once()``, run again on an empty store after an ``IndexStoreCorruptError``."""
         try:
             return await once()
         except IndexStoreCorruptError as exc:
@@ -378,8 +377,7 @@ class BuiltinEngine:
         return self._finish(self._live_warning(outcome)) if isinstance(outcome, SearchOutcome) else None
 
     def _keyword_only(self, request: SearchRequest) -> bool:
-        """Whether ``request`` is ranked by keywords alone (no provider, reranker or trace) and
-        no configured provider fails it closed."""
+        """Whether ``request`` is ranked by keywords alone: no provider (or a failed one), rerank, trace."""
         sel = self._provider_selection()
         return (sel.provider is None and not sel.error and not request.explain
                 and not self.settings.search.query.rerank.enabled)
@@ -411,14 +409,13 @@ class BuiltinEngine:
                              self._fts_warnings(warnings, store.fts_error), mode="fts-only")
 
     def _shared_scopes(self, srcs: list[str]) -> dict[str, PostgresSearchStore]:
-        """``{owner agent: its scope}`` of the scopes other agents share with this one, read
-        now (blocking), when ``srcs`` searches memory files; ``{}`` on a SQLite store."""
+        """``{owner agent: its scope}`` shared with this agent when ``srcs`` searches memory
+        files (blocking); ``{}`` on a SQLite store."""
         own = self._stores.shared
         return {} if own is None or SHARED_SOURCES[0] not in srcs else own.shared_scopes()
 
     def _ranking_args(self, request: SearchRequest) -> tuple[int, float, list[str]]:
-        """``(limit, floor, sources)`` of ``request`` under ``query.*``: the hits wanted, the
-        score floor and the enabled sources it asks for."""
+        """``(hits wanted, score floor, enabled sources asked for)`` of ``request``."""
         q = self.settings.search.query
         return (*request.limits(q.max_results, q.min_score),
                 [s for s in self.settings.search.sources
@@ -438,8 +435,7 @@ class BuiltinEngine:
         return outcome
 
     def _finish(self, outcome: SearchOutcome) -> SearchOutcome:
-        """``outcome`` with the untold one-off events and the last non-fatal problem after its
-        warnings, and its mode, provider and model."""
+        """``outcome`` with untold notices and the last non-fatal problem, mode, provider, model."""
         warnings = [*outcome.warnings, *self.take_notices()]
         last = self._last_error
         if last is not None and not any(last in w for w in warnings):  # not said already

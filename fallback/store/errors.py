@@ -32,7 +32,7 @@ from fallback.errors import IndexStoreError
 
 __all__ = ["ERROR_TABLE", "IndexStoreCorruptError", "IndexStoreFullError", "IndexStoreLockedError",
            "IndexStoreReadOnlyError", "code_kind", "error_kind", "is_locked", "result_code",
-           "retry_locked", "store_error", "translate_errors"]
+           "retry_locked", "translate_errors"]
 
 
 class IndexStoreLockedError(IndexStoreError):
@@ -118,24 +118,17 @@ def is_locked(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.Error) and issubclass(error_kind(exc)[0], IndexStoreLockedError)
 
 
-def store_error(exc: BaseException, db_path: Path | str | None) -> IndexStoreError:
-    """The typed error (:func:`error_kind`) of a ``sqlite3`` exception, to raise ``from exc``:
-    ``index store <condition>: <SQLite's text>``, ``db_path`` kept on it (None: not named)."""
-    cls, condition = error_kind(exc)
-    text = str(exc) or type(exc).__name__
-    return cls(f"index store {condition}: {text}", db_path=str(db_path) if db_path else None)
-
-
 @contextlib.contextmanager
 def translate_errors(db_path: Path | str | None) -> Iterator[None]:
-    """Re-raise any ``sqlite3`` exception inside the block as :func:`store_error` (chained);
-    other exceptions pass through."""
+    """Re-raise any ``sqlite3`` exception inside the block as its typed error (:func:`error_kind`),
+    chained: ``index store <condition>: <SQLite's text>``, ``db_path`` kept on it (None: not
+    named); other exceptions pass through."""
     try:
         yield
-    except Exception as exc:
-        if not isinstance(exc, sqlite3.Error):
-            raise
-        raise store_error(exc, db_path) from exc
+    except sqlite3.Error as exc:
+        cls, condition = error_kind(exc)
+        text = str(exc) or type(exc).__name__
+        raise cls(f"index store {condition}: {text}", db_path=str(db_path) if db_path else None) from exc
 
 
 _T = TypeVar("_T")

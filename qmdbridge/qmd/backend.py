@@ -287,9 +287,8 @@ class QmdBackend:
         return file_stamp(self.home.index_yml) != self._yml_seen
 
     async def _read_counts(self) -> tuple[dict[str, int], str | None, str | None]:
-        """``(documents per collection, the error reading them, the problem of qmd's index)``:
-        the counts read again when :meth:`_refresh_collections` reconciled, the problem as
-        ``health.notice`` tells it (re-indexed in the background in long-lived mode)."""
+        """``(documents per collection, the error reading them, qmd's index problem)`` after
+        :meth:`_refresh_collections`."""
         counts, count_error = await self.index_counts.read()
         if await self._refresh_collections():
             counts = (await self.index_counts.read())[0]
@@ -298,9 +297,8 @@ class QmdBackend:
             background=self._bg)
 
     async def _refresh_collections(self) -> bool:
-        """Reconcile the collections when ``index.yml`` changed since the last reconcile, a
-        missing custom collection's path appeared or the root file changed name (the
-        collections are built again for the last two); returns whether it reconciled."""
+        """Reconcile when ``index.yml`` changed, a missing custom path appeared or the root file
+        was renamed (the last two rebuild the collections); returns whether it reconciled."""
         appeared = [p for p in self.reconcile_state.missing.values() if os.path.lexists(p)]
         moved = [c for c in self.collections if c.root_moved()]
         if appeared or moved:  # a file entry is a folder collection while missing: build them again

@@ -17,9 +17,10 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from qmdbridge.policy.corpus import NO_WIKI
+from tests.e2e.cli_proc import run_cli_in_process
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_procs import CLI, DEADLINE_S, cli_env, live_children, make_workspace, start, stop  # noqa: E402
+from server_procs import CLI, cli_env, live_children, make_workspace, start, stop  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parents[2]
@@ -130,8 +131,8 @@ def test_serve_corpus_requests_and_replies_match_the_schema(tmp_path: Path) -> N
 
 
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([*CLI, *args], env=env, capture_output=True, timeout=DEADLINE_S,
-                          stdin=subprocess.DEVNULL)
+    """``qmdbridge <args>`` run in this process (a client of the daemon while one serves)."""
+    return run_cli_in_process(args, env)
 
 
 def test_cli_corpus_in_process_and_through_the_daemon(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """``qmdbridge mcp`` as a real process, driven by the MCP SDK's own clients over stdio and
 Streamable HTTP: tools, exact hits, memory_get, refusals, the bearer token, Host/Origin checks,
-and a clean stop with no process left."""
+and a clean stop with no process left. The start-up errors (a bad token, a port in use, no
+workspace folder) come before any serving and run in this process."""
 
 from __future__ import annotations
 
@@ -21,11 +22,12 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from qmdbridge.tools import MEMORY_GET_SCHEMA, MEMORY_SEARCH_SCHEMA
+from tests.e2e.cli_proc import run_cli_in_process
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server_procs import CLI, cli_env, live_children, make_workspace, start, stop  # noqa: E402
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # each test starts qmdbridge mcp
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # each test that serves starts qmdbridge mcp
 TOKEN = "test-token-0123456789abcdef"
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {},
@@ -176,9 +178,8 @@ async def test_http_token_file_is_created_owner_only_and_reused(setup: tuple[Pat
 
 def test_a_short_token_is_a_config_error(setup: tuple[Path, dict[str, str]]) -> None:
     ws, env = setup
-    p = subprocess.run([*CLI, "mcp", "--http", "--port", "0", "--workspace", str(ws)],
-                       env={**env, "QMDBRIDGE_MCP_TOKEN": "short"}, capture_output=True, timeout=120,
-                       stdin=subprocess.DEVNULL)
+    p = run_cli_in_process(["mcp", "--http", "--port", "0", "--workspace", str(ws)],
+                           {**env, "QMDBRIDGE_MCP_TOKEN": "short"})
     assert p.returncode == 2
     assert p.stderr.decode().splitlines()[-1] == ("qmdbridge: environment: QMDBRIDGE_MCP_TOKEN: too short "
                                                   "(expected at least 16 characters)")
@@ -189,8 +190,7 @@ def test_a_token_file_that_is_not_text_is_a_config_error(setup: tuple[Path, dict
     token_path = Path(env["OPENCLAW_STATE_DIR"]) / "mcp" / "token"
     token_path.parent.mkdir(parents=True)
     token_path.write_bytes(b"\xff\xfe0123456789abcdefghij\n")
-    p = subprocess.run([*CLI, "mcp", "--http", "--port", "0", "--workspace", str(ws)], env=env,
-                       capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    p = run_cli_in_process(["mcp", "--http", "--port", "0", "--workspace", str(ws)], env)
     assert p.returncode == 2
     assert p.stderr.decode().splitlines()[-1] == (
         f"qmdbridge: {token_path}: the MCP token file is not UTF-8 text (expected a token of at least "
@@ -206,8 +206,7 @@ def test_a_workspace_that_is_no_folder_fails_the_start_in_every_commands_words(
     (tmp_path / "notes.md").write_text("a file\n")
     for ws, error in ((tmp_path / "notes.md", "workspace is not a directory: {ws} (pass"),
                       (tmp_path / "gone", "workspace does not exist: {ws} (create it, pass")):
-        p = subprocess.run([*CLI, command, "--workspace", str(ws)], env=env, capture_output=True,
-                           timeout=120, stdin=subprocess.DEVNULL)
+        p = run_cli_in_process([command, "--workspace", str(ws)], env)
         assert (p.returncode, p.stdout, p.stderr.decode()) == (2, b"", "qmdbridge: " + error.format(ws=ws)
                                                                + " --workspace or set agents.defaults.workspace)\n")
 
@@ -231,9 +230,8 @@ def test_a_port_in_use_is_a_usage_error(setup: tuple[Path, dict[str, str]]) -> N
     taken = socket.create_server(("127.0.0.1", 0))
     port = taken.getsockname()[1]
     try:
-        p = subprocess.run([*CLI, "mcp", "--http", "--port", str(port), "--workspace", str(ws), "--json"],
-                           env={**env, "QMDBRIDGE_MCP_TOKEN": TOKEN}, capture_output=True, timeout=120,
-                           stdin=subprocess.DEVNULL)
+        p = run_cli_in_process(["mcp", "--http", "--port", str(port), "--workspace", str(ws), "--json"],
+                               {**env, "QMDBRIDGE_MCP_TOKEN": TOKEN})
     finally:
         taken.close()
     assert p.returncode == 2
@@ -241,9 +239,8 @@ def test_a_port_in_use_is_a_usage_error(setup: tuple[Path, dict[str, str]]) -> N
                                       "errorType": "UsageError", "exitCode": 2}
     for args, error in ((["--port", "70000"], "--port must be between 0 and 65535, not 70000"),
                         (["--host", "no-such-host.invalid", "--port", "0"], None)):
-        p = subprocess.run([*CLI, "mcp", "--http", *args, "--workspace", str(ws), "--json"],
-                           env={**env, "QMDBRIDGE_MCP_TOKEN": TOKEN}, capture_output=True, timeout=120,
-                           stdin=subprocess.DEVNULL)
+        p = run_cli_in_process(["mcp", "--http", *args, "--workspace", str(ws), "--json"],
+                               {**env, "QMDBRIDGE_MCP_TOKEN": TOKEN})
         doc = orjson.loads(p.stdout)  # a usage error, not a traceback
         assert (p.returncode, doc["errorType"]) == (2, "UsageError"), p.stderr
         if error is not None:

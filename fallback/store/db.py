@@ -202,11 +202,16 @@ class Store(MetaReads):
             self._reader = reader
             self._file_id = after if before == after else None
 
-    def _configured(self, uri: str, *pragmas: str, migrate: bool = False) -> sqlite3.Connection:
+    def _new_connection(self, uri: str) -> sqlite3.Connection:
         conn = sqlite3.connect(uri, uri=True, timeout=self._busy_timeout_ms / 1000,
                                check_same_thread=False, isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
+        return conn
+
+    def _configured(self, uri: str, *pragmas: str, migrate: bool = False) -> sqlite3.Connection:
+        conn = self._new_connection(uri)
         try:
-            for pragma in (f"busy_timeout={int(self._busy_timeout_ms)}", *pragmas):
+            for pragma in pragmas:
                 conn.execute(f"PRAGMA {pragma}")
             if migrate:
                 self._migrate(conn)

@@ -47,11 +47,6 @@ class ModelDownload:
     cache_dir: Path
     base_url: str
 
-    @property
-    def uri(self) -> str:
-        """``hf:<owner>/<repo>/<file>``."""
-        return self.model.uri
-
 
 @dataclass(frozen=True)
 class ModelSource:
@@ -130,7 +125,7 @@ class LocalGgufProvider(BaseProvider):
                 d = self.download
                 result = await anyio.to_thread.run_sync(partial(
                     model_fetch.fetch_model, d.model, d.cache_dir, base_url=d.base_url,
-                    on_progress=model_fetch.stderr_progress(d.uri)), abandon_on_cancel=True)
+                    on_progress=model_fetch.stderr_progress(d.model.uri)), abandon_on_cancel=True)
                 self.model_path = result.path
             self.download = None
             return self.model_path
@@ -140,7 +135,7 @@ class LocalGgufProvider(BaseProvider):
         d = self.download
         if d is None or self.model_path.is_file():
             return None
-        return f"local model {d.uri} is not downloaded yet ({self.model_path})"
+        return f"local model {d.model.uri} is not downloaded yet ({self.model_path})"
 
     async def embed_query(self, text: str) -> list[float]:
         """Embed a search query (with :attr:`query_prefix`), downloading the model first if

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from fallback.store.seam import SearchStore
 
 __all__ = ["IndexVectors", "PreparedProvider", "QUERY_CACHE_ENTRIES", "QueryVector", "QueryVectorCache",
-           "backlog_reason", "check_query_vector", "embed_query_within", "ensure_model",
+           "backlog_reason", "check_query_vector", "embed_query_within",
            "failure_text", "on_provider_failure", "read_index_vectors"]
 
 log = logging.getLogger("fallback.engine.builtin")
@@ -46,16 +46,6 @@ class QueryVector:
     error: EmbeddingProviderError | None = None
 
 
-async def ensure_model(provider: EmbeddingProvider) -> EmbeddingProviderError | None:
-    """Bring the provider's model in (a local model downloaded on first use) before a search's
-    deadline starts; ``None`` when it is ready, else the error (``ModelDownloadError`` ...)."""
-    try:
-        await provider.ensure_model()
-    except EmbeddingProviderError as exc:
-        return exc
-    return None
-
-
 def failure_text(exc: EmbeddingProviderError, *, query: bool) -> str:
     """How a provider failure is named in the answer: an unavailable provider by its reason, a
     failed call as ``query embedding failed: <error>`` (``query``) or the error itself."""
@@ -67,13 +57,17 @@ def failure_text(exc: EmbeddingProviderError, *, query: bool) -> str:
 async def embed_query_within(provider: EmbeddingProvider | None, text: str, *,
                              timeout_ms: int) -> tuple[QueryVector | None, float]:
     """``(query vector, or None without a provider; deadline as anyio clock time)`` of
-    ``text`` embedded within ``timeout_ms`` (``query.timeoutMs``) after :func:`ensure_model`
-    (no deadline); a provider reporting a changed vector size is asked once more. A provider
-    failure is the vector's ``error`` (past the deadline: ``query embedding timed out ...``)."""
-    fetch_error = None if provider is None else await ensure_model(provider)
+    ``text`` embedded within ``timeout_ms`` (``query.timeoutMs``) after the provider's
+    ``ensure_model()`` (a local model downloaded first, no deadline); a provider reporting a
+    changed vector size is asked once more. A provider failure is the vector's ``error`` (past
+    the deadline: ``query embedding timed out ...``)."""
+    if provider is None:
+        return None, anyio.current_time() + timeout_ms / 1000
+    try:
+        await provider.ensure_model()
+    except EmbeddingProviderError as exc:
+        return QueryVector(None, exc), anyio.current_time() + timeout_ms / 1000
     deadline = anyio.current_time() + timeout_ms / 1000
-    if provider is None or fetch_error is not None:
-        return (None if provider is None else QueryVector(None, fetch_error)), deadline
     with anyio.move_on_at(deadline):
         try:
             try:

@@ -126,10 +126,8 @@ def _common(backend: str, settings: EngineSettings, selection: Any, cache_entrie
             vector: dict[str, Any] | None, provider_error: str | None,
             last_error: str | None, sync_failure: dict[str, Any] | None) -> dict[str, Any]:
     """The status fields both stores fill alike (arguments as :func:`build_status`'s; the
-    recorded ``sync_failure`` is the ``last_error`` when this engine has none): ``search_mode``
-    ``unavailable`` when a configured provider fails closed, else the :func:`configured_mode`
-    of a provider with its model; ``vector`` with the provider's ``providerError`` and
-    ``modelMissing``; ``healthy`` without error, provider failure or missing model."""
+    recorded ``sync_failure`` is the ``last_error`` when this engine has none); ``healthy``
+    without error, provider failure or missing model."""
     s, provider = settings.search, selection.provider
     model_missing = provider.model_problem() if provider is not None else None
     provider_error = provider_error if provider is not None else None

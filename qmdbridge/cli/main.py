@@ -56,10 +56,8 @@ def _terminal_columns() -> int:
 
 
 def _config_defaults() -> dict[str, object]:
-    """The defaults of the settings models (their owners) that help texts name, as
-    ``%(config_<name>)s``: ``query_max_results`` (hits), ``query_min_score`` (0..1),
-    ``qmd_max_results`` (hits), ``read_lines`` (lines of a ``get`` page). Imported when help is
-    printed only: the parser itself stays standard library only."""
+    """The settings models' defaults help texts name as ``%(config_<name>)s`` (hits, score 0..1,
+    lines of a ``get`` page), imported only when help is printed."""
     from fallback.settings import QuerySettings
     from fallback.sources.read_page import DEFAULT_READ_LINES
     from qmdbridge.config import QmdLimits

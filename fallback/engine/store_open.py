@@ -86,13 +86,7 @@ def reopen_after_corruption(settings: EngineSettings, exc: IndexStoreCorruptErro
     Raises ``IndexStoreError``."""
     def verify() -> Store:
         store = Store(settings.db_path, fts_tokenizer=settings.search.store.fts.tokenizer)
-        problem = store.quick_check()
-        try:  # quick_check never reads the FTS5 tables' own pages
-            with store.locked() as conn:
-                for table in () if store.fts_error else ("chunks_fts", "chunks_trigram"):
-                    conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
-        except IndexStoreCorruptError as damaged:
-            problem = str(damaged.__cause__)
+        problem = store.integrity_problem()
         if problem != "ok":
             store.close()
             raise IndexStoreCorruptError(f"index store is corrupt: {problem}",

@@ -307,6 +307,19 @@ class Store(MetaReads):
         conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
                      (key, orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()))
 
+    def integrity_problem(self) -> str:
+        """``"ok"``, or the first problem ``PRAGMA quick_check`` or FTS5's ``integrity-check`` of
+        the full-text tables finds (quick_check never reads their pages). Raises
+        ``IndexStoreCorruptError``: the file is not a database at all."""
+        problem = self.quick_check()
+        try:
+            with self.locked() as conn:
+                for table in () if self.fts_error else ("chunks_fts", "chunks_trigram"):
+                    conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
+        except IndexStoreCorruptError as damaged:
+            problem = str(damaged.__cause__)
+        return problem
+
     def attach_copy_cache(self, other: Path) -> int:
         """Copy every ``embedding_cache`` row of the store at ``other`` (attached read-only)
         into this one; returns the rows now cached (spec §4.5 step 2). Raises ``IndexStoreError``."""

@@ -193,15 +193,16 @@ class IndexHealth:
                      managed: Sequence[ManagedCollection], yml_edited: bool,
                      background: BackgroundTasks | None) -> str | None:
         """:meth:`check`, and on a problem start :meth:`restore` in ``background`` (one at a time);
-        returns the problem with what is done about it, or ``None``."""
+        returns the problem with what is done about it, or ``None``. While a re-index runs the
+        problem stands whatever the counts: ``qmd update`` fills one collection after another."""
+        if self._restoring:
+            return self.problem
         why = await self.check(counts, count_error, managed=managed, yml_edited=yml_edited)
         if why is None:
-            if not self._restoring:
-                self.problem = None
+            self.problem = None
             return None
         if background is not None and background.is_open:
-            if not self._restoring:
-                self.problem = f"{why.reason}; re-indexing it (qmd update) in the background"
+            self.problem = f"{why.reason}; re-indexing it (qmd update) in the background"
             background.start_soon(RESTORE_TASK, lambda: self.restore(why), retry=False, dedupe=True)
         elif self.problem is None:
             self.problem = f"{why.reason}; run `qmdbridge qmd update` to re-index it"

@@ -12,6 +12,7 @@ restarted, so it never answers from the old one.
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import pytest
 
 from qmdbridge import MemoryManager
 from qmdbridge.config import parse_config, resolve_agent
+from qmdbridge.paths import qmd_home
 from qmdbridge.problems import status_problems
 
 pytestmark = [pytest.mark.anyio, pytest.mark.qmd]
@@ -276,6 +278,45 @@ async def test_index_damaged_under_a_running_one_shot_manager_falls_back_with_th
         assert r.fallback is not None
         assert r.fallback.reason == f"qmd's index {db} {why}; re-indexing it (qmd update) in the background"
         assert m.breaker.state.failures == 0
+        with anyio.fail_after(DEADLINE_S):  # the re-index ends: qmd answers again
+            while (r := await m.search("heron")).backend != "qmd":
+                await anyio.sleep(0.1)
+        assert [h.path for h in r.results] == ["memory/2026-03-01.md"]
+
+
+async def test_a_half_rebuilt_index_is_not_searched_until_the_reindex_ends(tmp_path: Path,
+                                                                          qmd_bin: Path) -> None:
+    """While the re-index runs, the index may hold one collection and not yet the next (``qmd
+    update`` fills them in turn): searches keep answering from the builtin engine with the
+    reason until the update has ended. Before: once any collection held a document, qmd
+    answered, with no hit for a note of the collection still to come and no warning."""
+    (tmp_path / "ws" / "memory").mkdir(parents=True)
+    agent = _agent(tmp_path, qmd_bin)
+    heron = agent.workspace_dir / "memory" / "2026-03-01.md"
+    note = heron.read_text()
+    heron.unlink()
+    db = _index_files(agent)[0]
+    half = tmp_path / "half.sqlite"  # qmd's index with MEMORY.md and no memory/ note yet
+    async with MemoryManager(agent, mode="cli", env=_env(tmp_path)) as m:
+        assert (await m.search("router")).backend == "qmd"
+    with sqlite3.connect(db) as src, sqlite3.connect(half) as dst:
+        src.backup(dst)
+    heron.write_text(note)
+    async with MemoryManager(agent, mode="cli", env=_env(tmp_path)) as m:
+        assert [h.path for h in (await m.search("heron")).results] == ["memory/2026-03-01.md"]
+        # qmd's write lock held here keeps the re-index waiting while the half index is in place
+        holder = filelock.FileLock(str(qmd_home(agent.state_dir, "main").write_lock))
+        holder.acquire()
+        try:
+            _delete_index(agent)
+            assert (await m.search("heron")).backend == "builtin"  # starts the re-index
+            with sqlite3.connect(half) as src, sqlite3.connect(db) as dst:
+                src.backup(dst)
+            r = await m.search("heron")
+            assert (r.backend, [h.path for h in r.results]) == ("builtin", ["memory/2026-03-01.md"])
+            assert r.fallback is not None and r.fallback.reason.endswith("; re-indexing it (qmd update)")
+        finally:
+            holder.release()
         with anyio.fail_after(DEADLINE_S):  # the re-index ends: qmd answers again
             while (r := await m.search("heron")).backend != "qmd":
                 await anyio.sleep(0.1)

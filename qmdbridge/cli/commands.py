@@ -114,7 +114,8 @@ def run_command(args: argparse.Namespace, *, qmd_runner: Any = None) -> int:
             handler = partial(_search, qmd_runner=qmd_runner) if qmd_runner else _handler(args.command)
             if args.command == "eval":  # each eval workspace gets its own agent from the config
                 handler = partial(handler, cfg=cfg)
-            code = anyio.run(handler, agent, args)
+            code = anyio.run(handler if args.command in ("serve", "mcp") else partial(_until_interrupted, handler),
+                             agent, args)  # serve and mcp stop on their signals themselves
             if key is not None and code == EXIT_OK:
                 from qmdbridge.cli.search_cache import record_search_settings
 
@@ -128,6 +129,47 @@ def run_command(args: argparse.Namespace, *, qmd_runner: Any = None) -> int:
                 if hint is not None:
                     sys.stderr.write(f"  fix: {hint}\n")
             return code
+
+
+async def _until_interrupted(handler: Callable[..., Any], *args: Any) -> int:
+    """``await handler(*args)`` (a command's exit code), cancelled by SIGINT or SIGTERM through the
+    event loop's own signal handlers: the signal wakes the loop. A Python-level handler runs only
+    once the main thread runs again, and a signal that lands on another thread, or just before the
+    loop's wait, left the loop asleep (an index held by an embedding request ignored Ctrl-C).
+
+    Raises:
+        KeyboardInterrupt: SIGINT or SIGTERM arrived (the CLI's exit 130).
+    """
+    import asyncio
+    import signal
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in stops}
+    interrupted: list[int] = []
+
+    def stop(signum: int) -> None:
+        interrupted.append(signum)
+        task.cancel()
+
+    try:
+        for s in stops:
+            loop.add_signal_handler(s, stop, s)
+    except (NotImplementedError, RuntimeError):  # Windows' loop, or not the main thread: Python's handlers
+        return int(await handler(*args))
+    try:
+        return int(await handler(*args))
+    except asyncio.CancelledError:
+        if interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        for s in stops:
+            loop.remove_signal_handler(s)
+            if previous[s] is not None:
+                signal.signal(s, previous[s])
 
 
 def _index_writer(agent: Any) -> Callable[[], int | None]:

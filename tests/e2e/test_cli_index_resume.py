@@ -4,15 +4,19 @@ request; the rerun asks the provider only for the chunks that were not committed
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -23,6 +27,8 @@ pytestmark = pytest.mark.slow  # stops a real qmdbridge index process with SIGIN
 
 FILES = 12
 HOLD_AT = 5  # the 5th embedding request is held until the test has interrupted the index
+# Linux's tgkill system call number (a signal to one thread of a process), where it is known.
+TGKILL = {"x86_64": 234, "aarch64": 131}.get(platform.machine()) if sys.platform == "linux" else None
 
 
 def vector_of(text: str) -> list[float]:
@@ -35,7 +41,20 @@ def qmdbridge(args: list[str], env: dict[str, str]) -> list[str]:
     return [exe, *args] if exe else [sys.executable, "-m", "qmdbridge.cli.main", *args]
 
 
-def test_sigint_keeps_committed_batches_and_the_rerun_embeds_only_the_rest(tmp_path: Path) -> None:
+def interrupt_a_side_thread(pid: int) -> None:
+    """SIGINT to one thread of ``pid`` other than its main one (tgkill), as the kernel may pick
+    one: the main thread, blocked in the event loop's wait, is not woken by it."""
+    tid = next(int(t) for t in sorted(os.listdir(f"/proc/{pid}/task")) if int(t) != pid)
+    assert ctypes.CDLL(None, use_errno=True).syscall(TGKILL, pid, tid, signal.SIGINT) == 0
+
+
+@pytest.mark.parametrize("interrupt", [
+    pytest.param(lambda proc: proc.send_signal(signal.SIGINT), id="process"),
+    pytest.param(lambda proc: interrupt_a_side_thread(proc.pid), id="side-thread", marks=pytest.mark.skipif(
+        TGKILL is None, reason="tgkill is a Linux x86-64/arm64 system call")),
+])
+def test_sigint_keeps_committed_batches_and_the_rerun_embeds_only_the_rest(tmp_path: Path,
+                                                                           interrupt: Callable[[Any], None]) -> None:
     ws = tmp_path / "ws"
     (ws / "memory").mkdir(parents=True)
     (ws / "MEMORY.md").write_text("# Memory\n\nThe home router is an Omada ER605.\n")
@@ -50,7 +69,7 @@ def test_sigint_keeps_committed_batches_and_the_rerun_embeds_only_the_rest(tmp_p
         asked.append(texts)
         if len(asked) == HOLD_AT and not release.is_set():
             held.set()
-            release.wait(60)
+            release.wait(600)  # past the wait for the exit below: only the interrupt ends it
         return Reply(200, {"data": [{"index": i, "embedding": vector_of(t)} for i, t in enumerate(texts)]})
 
     state = tmp_path / "state"
@@ -74,7 +93,7 @@ def test_sigint_keeps_committed_batches_and_the_rerun_embeds_only_the_rest(tmp_p
                 first = proc.stderr.readline()
             assert first.startswith(want), first
             assert ", ETA " in first
-            proc.send_signal(signal.SIGINT)
+            interrupt(proc)
             assert proc.wait(timeout=60) == 130
         finally:
             release.set()
